@@ -1,0 +1,23 @@
+"""tpu_inductor: a ``torch.compile`` backend that runs PyTorch on XLA via PJRT.
+
+Use it with ``torch.compile(model, backend="tpu")``; no import is needed.
+Importing this package is cheap: heavy modules load on first compile.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "report", "tpu_backend"]
+
+
+def __getattr__(name: str):
+    if name == "tpu_backend":
+        from tpu_inductor.backend import tpu_backend
+
+        return tpu_backend
+    if name == "report":
+        import importlib
+
+        return importlib.import_module("tpu_inductor.report")
+    raise AttributeError(f"module 'tpu_inductor' has no attribute {name!r}")

@@ -1,0 +1,243 @@
+"""Turn one ATen graph into a callable that runs islands on PJRT, the rest eagerly.
+
+``build_compiled_graph`` partitions the graph, lowers and compiles every
+island, and, when torch-mlir or XLA rejects an island, learns which op failed,
+re-partitions and tries again; the user's call never fails for that reason
+(unless ``strict`` asks it to). The result is the graph itself with each
+island replaced by a :class:`DeviceIsland` module: eager nodes and islands run
+in graph order, and tensors pass between them without copies where memory is
+shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx
+
+from tpu_inductor import report
+from tpu_inductor.config import Config
+from tpu_inductor.errors import LoweringError, UnsupportedOpError, describe_node, user_source_line
+from tpu_inductor.lowering.stablehlo import IslandLoweringError, lower_to_stablehlo
+from tpu_inductor.lowering.support import SupportTable, op_key
+from tpu_inductor.passes import run_passes
+from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands
+from tpu_inductor.passes.specialize import has_symbolic_inputs, specialize
+from tpu_inductor.runtime import DeviceExecutable, Platform, compile_stablehlo, get_platform
+from tpu_inductor.runtime.disk_cache import ExecutableDiskCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class CompileContext:
+    """Everything one ``torch.compile`` region shares across its graphs."""
+
+    config: Config
+    platform: Platform
+    support: SupportTable
+    disk_cache: Optional[ExecutableDiskCache]
+
+    @classmethod
+    def create(cls, config: Config) -> "CompileContext":
+        cache_root = config.resolved_cache_dir if config.cache else None
+        return cls(
+            config=config,
+            platform=get_platform(config.platform),
+            support=_support_table(cache_root),
+            disk_cache=ExecutableDiskCache(cache_root) if cache_root else None,
+        )
+
+
+_support_tables: dict[Optional[str], SupportTable] = {}
+
+
+def _support_table(cache_root) -> SupportTable:
+    """One table per cache directory, shared by every region of the process."""
+    key = str(cache_root) if cache_root else None
+    if key not in _support_tables:
+        learned = cache_root / "learned_unsupported.json" if cache_root else None
+        _support_tables[key] = SupportTable(learned)
+    return _support_tables[key]
+
+
+class DeviceIsland(torch.nn.Module):
+    """The ``call_module`` target that replaces an island in the graph."""
+
+    def __init__(self, executable: DeviceExecutable) -> None:
+        super().__init__()
+        self.executable = executable
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.executable(*tensors))
+
+
+class _BoxedGraph:
+    """AOTAutograd's boxed calling convention: one list of args, freed early."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        self.module = module
+        # An instance attribute, so wrappers made with functools.wraps (Dynamo's
+        # disable() around backward graphs) copy it and keep the boxed call.
+        self._boxed_call = True
+
+    def __call__(self, args: list[Any]) -> Any:
+        module_args = list(args)
+        args.clear()
+        return self.module(*module_args)
+
+
+class ShapeSpecializedGraph:
+    """A graph with symbolic shapes, compiled once per concrete input signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, context: CompileContext) -> None:
+        self._boxed_call = True  # see _BoxedGraph
+        self.gm = gm
+        self.kind = kind
+        self.context = context
+        self.variants: dict[tuple, torch.fx.GraphModule] = {}
+
+    def __call__(self, args: list[Any]) -> Any:
+        call_args = list(args)
+        args.clear()
+        signature = _signature(call_args)
+        module = self.variants.get(signature)
+        if module is None:
+            static = specialize(self.gm, call_args)
+            module = build_compiled_graph(static, self.kind, self.context)
+            self.variants[signature] = module
+        return module(*call_args)
+
+
+def _signature(args: Sequence[Any]) -> tuple:
+    return tuple(
+        (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args
+    )
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, context: CompileContext
+):
+    """The AOTAutograd compiler entry: a boxed callable for ``gm``."""
+    if has_symbolic_inputs(example_inputs):
+        return ShapeSpecializedGraph(gm, kind, context)
+    return _BoxedGraph(build_compiled_graph(gm, kind, context))
+
+
+def build_compiled_graph(
+    gm: torch.fx.GraphModule, kind: str, context: CompileContext
+) -> torch.fx.GraphModule:
+    gm = run_passes(gm)
+    record = report.new_graph_record(
+        kind,
+        num_nodes=len(gm.graph.nodes),
+        input_shapes=[
+            tuple(n.meta["val"].shape)
+            for n in gm.graph.find_nodes(op="placeholder")
+            if isinstance(n.meta.get("val"), torch.Tensor)
+        ],
+    )
+    # Each failed attempt moves at least one node to eager, so this terminates.
+    for _ in range(len(gm.graph.nodes) + 1):
+        plan = propose_islands(gm, context.support)
+        failure = _compile_islands(plan, context, record)
+        if failure is None:
+            break
+        record.lowering_retries += 1
+        _learn_from_failure(*failure, context)
+    else:  # pragma: no cover - guarded by the bound above
+        raise LoweringError("tpu_inductor: partitioning did not converge")
+
+    _check_strict(plan, context.config)
+    for eager in plan.eager:
+        record.fallbacks.append(
+            report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
+        )
+        log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
+    executables = {island.name: island.executable for island in plan.islands}
+    fused = fuse_islands(gm, plan)
+    for name, executable in executables.items():
+        setattr(fused, name, DeviceIsland(executable))
+    fused.recompile()
+    return fused
+
+
+def _compile_islands(
+    plan: PartitionPlan, context: CompileContext, record: report.GraphRecord
+) -> Optional[tuple[Island, Exception]]:
+    """Lower and compile every island; the first failure is returned, not raised."""
+    records = []
+    for island in plan.islands:
+        try:
+            started = time.perf_counter()
+            lowered = lower_to_stablehlo(island.graph, name="main")
+            lowered_at = time.perf_counter()
+            loaded, stats = compile_stablehlo(lowered.text, context.platform, context.disk_cache)
+        except Exception as exc:  # torch-mlir and XLA raise many types
+            return island, exc
+        island.executable = DeviceExecutable(
+            loaded, context.platform, lowered.output_specs, name=f"{island.name} ({stats.key})"
+        )
+        records.append(
+            report.IslandRecord(
+                name=island.name,
+                num_nodes=len(island.nodes),
+                compile_source=stats.source,
+                lower_seconds=lowered_at - started,
+                compile_seconds=stats.seconds,
+                cache_key=stats.key,
+            )
+        )
+    record.islands = records
+    return None
+
+
+def _learn_from_failure(island: Island, error: Exception, context: CompileContext) -> None:
+    """Find the ops that broke ``island`` and teach the support table about them."""
+    named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
+    culprits = [n for n in island.nodes if n.op == "call_function" and op_key(n.target) in named]
+    if not culprits:
+        culprits = _probe_nodes_alone(island, context)
+    if not culprits:
+        # The ops lower alone but not together: keep this island's ops off the device.
+        culprits = [n for n in island.nodes if n.op == "call_function"]
+    summary = str(error).strip().splitlines()
+    reason = f"lowering failed: {summary[0] if summary else type(error).__name__}"
+    for node in culprits:
+        log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), reason)
+        context.support.learn(context.support.signature(node), reason)
+
+
+def _probe_nodes_alone(island: Island, context: CompileContext) -> list[torch.fx.Node]:
+    """Lower each distinct op signature of the island on its own; return the failures."""
+    from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+
+    failures, seen = [], set()
+    for node in island.nodes:
+        signature = context.support.signature(node)
+        if node.op != "call_function" or signature in seen or not isinstance(
+            node.target, torch._ops.OpOverload
+        ):
+            continue
+        seen.add(signature)
+        single, _, _ = fuse_as_graphmodule(island.owner, [node], "probe", always_return_tuple=True)
+        try:
+            lowered = lower_to_stablehlo(single)
+            compile_stablehlo(lowered.text, context.platform, None)
+        except Exception:
+            failures.append(node)
+    return failures
+
+
+def _check_strict(plan: PartitionPlan, config: Config) -> None:
+    if not config.strict or not plan.eager:
+        return
+    lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
+    raise UnsupportedOpError(
+        f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n{lines}\n"
+        "Set strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them in eager PyTorch."
+    )

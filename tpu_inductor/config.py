@@ -1,0 +1,115 @@
+"""The one place where configuration is read.
+
+Precedence: the ``options={...}`` dict given to ``torch.compile`` wins over
+``TPU_INDUCTOR_*`` environment variables, which win over the defaults below.
+Every other module receives a :class:`Config`; none reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from tpu_inductor.errors import ConfigError
+
+PLATFORMS = ("cpu", "cuda", "tpu")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _default_cache_dir(environ: Mapping[str, str]) -> str:
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "tpu_inductor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings for one ``torch.compile`` region; immutable once built."""
+
+    platform: str = "cpu"
+    """PJRT platform to run on: ``cpu`` (jaxlib's embedded client), ``cuda``
+    (jax's CUDA plugin) or ``tpu`` (libtpu). Env: ``TPU_INDUCTOR_PLATFORM``."""
+
+    strict: bool = False
+    """Raise instead of running an op eagerly when it cannot be lowered; the
+    error names the op, the reason and the user source line.
+    Env: ``TPU_INDUCTOR_STRICT``."""
+
+    cache: bool = True
+    """Keep compiled executables in ``cache_dir`` so a later process starts
+    warm. Env: ``TPU_INDUCTOR_CACHE`` (0 turns it off)."""
+
+    cache_dir: Optional[str] = None
+    """Directory of the on-disk artifact cache; ``None`` means
+    ``$XDG_CACHE_HOME/tpu_inductor`` (``~/.cache/tpu_inductor``).
+    Env: ``TPU_INDUCTOR_CACHE_DIR``."""
+
+    min_island_ops: int = 2
+    """An island with fewer compute ops than this (views and getitems do not
+    count) is run eagerly: a PJRT call costs more than it saves.
+    Env: ``TPU_INDUCTOR_MIN_ISLAND_OPS``."""
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir or _default_cache_dir(os.environ))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def load(
+        cls,
+        options: Optional[Mapping[str, Any]] = None,
+        environ: Optional[Mapping[str, str]] = None,
+    ) -> "Config":
+        """Build the config from ``options`` > environment > defaults."""
+        environ = os.environ if environ is None else environ
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"unknown tpu_inductor option(s) {unknown}; valid options are: "
+                f"{', '.join(cls.field_names())}"
+            )
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            env_name = f"TPU_INDUCTOR_{field.name.upper()}"
+            if field.name in options:
+                raw, origin = options[field.name], f"option {field.name!r}"
+            elif env_name in environ:
+                raw, origin = environ[env_name], f"environment variable {env_name}"
+            else:
+                continue
+            values[field.name] = _coerce(field, raw, origin)
+        config = cls(**values)
+        if config.platform not in PLATFORMS:
+            raise ConfigError(
+                f"platform {config.platform!r} is not one of {', '.join(PLATFORMS)} "
+                "(set the 'platform' option or TPU_INDUCTOR_PLATFORM)"
+            )
+        return config
+
+
+def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
+    """Turn an option or environment string into the field's type."""
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ConfigError(f"{origin} must be a boolean (1/0, true/false), got {raw!r}")
+    if kind == "int":
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{origin} must be an integer, got {raw!r}") from None
+    if raw is None:
+        return None
+    return str(raw)

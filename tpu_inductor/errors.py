@@ -1,0 +1,54 @@
+"""Exceptions raised to users, each naming the problem and how to fix it."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch.fx
+
+
+class TpuInductorError(RuntimeError):
+    """Base class of every error tpu_inductor raises on purpose."""
+
+
+class ConfigError(TpuInductorError, ValueError):
+    """An option or environment variable has a bad name or value."""
+
+
+class PlatformUnavailableError(TpuInductorError):
+    """The requested PJRT platform is not installed on this machine."""
+
+
+class UnsupportedOpError(TpuInductorError):
+    """An op cannot run on the device and ``strict`` forbids the eager fallback."""
+
+
+class LoweringError(TpuInductorError):
+    """torch-mlir or XLA rejected a graph that the support table accepted."""
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def user_source_line(node: torch.fx.Node) -> Optional[str]:
+    """The innermost ``file:line`` of user code that produced ``node``."""
+    stack = node.meta.get("stack_trace") or ""
+    frames = _FRAME.findall(stack)
+    if not frames:
+        return None
+    path, line = frames[-1]
+    return f"{path}:{line}"
+
+
+def describe_node(node: torch.fx.Node) -> str:
+    """``aten.foo.default (at model.py:12)`` for error messages and reports."""
+    where = user_source_line(node)
+    return f"{op_name(node)}" + (f" (at {where})" if where else "")
+
+
+def op_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))

@@ -1,0 +1,165 @@
+"""Which ATen nodes lower to StableHLO: the partitioner's only source of truth.
+
+A node is lowered unless one of these says no, in this order:
+
+1. its tensors carry a dtype outside :data:`SUPPORTED_DTYPES`;
+2. its output shape depends on data (unbacked symbols: nonzero, masked_select);
+3. its op is in :data:`KNOWN_UNSUPPORTED` (torch-mlir cannot lower it) or in
+   :data:`EAGER_ONLY` (random ops, whose results must come from torch's own
+   generator to match eager);
+4. a lowering of it failed before (learned at run time, remembered in memory
+   and in the cache directory so later processes skip the failed attempt).
+
+``tests/test_ops.py`` keeps the table honest: every op it calls supported
+lowers and matches eager on OpInfo sample inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+SUPPORTED_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    }
+)
+
+# torch-mlir has no StableHLO lowering for these (checked with torch-mlir 20261001).
+KNOWN_UNSUPPORTED = frozenset(
+    {
+        "aten._fft_r2c",
+        "aten._fft_c2r",
+        "aten._fft_c2c",
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten._unique2",
+        "aten.unique_dim",
+        "aten.unique_consecutive",
+        "aten._local_scalar_dense",
+        "aten.i0",
+    }
+)
+
+# Lowerable in principle, but eager semantics need torch's own RNG stream.
+EAGER_ONLY = frozenset(
+    {
+        "aten.rand",
+        "aten.rand_like",
+        "aten.randn",
+        "aten.randn_like",
+        "aten.randint",
+        "aten.randint_like",
+        "aten.randperm",
+        "aten.bernoulli",
+        "aten.native_dropout",
+        "aten.normal",
+        "aten.uniform",
+        "aten.exponential",
+        "aten.multinomial",
+        "aten.poisson",
+    }
+)
+
+_ALWAYS_LOWERABLE = frozenset({operator.getitem})
+
+
+def op_key(target: object) -> str:
+    """``aten.add`` for ``aten.add.Tensor``: the unit the table speaks in."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target._overloadpacket.__name__}" if target.namespace == "aten" else str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class SupportTable:
+    """Decides per node whether it lowers; learns from failed lowerings."""
+
+    def __init__(self, learned_path: Optional[Path] = None) -> None:
+        self._learned_path = learned_path
+        self._learned: dict[str, str] = {}
+        self._lock = threading.Lock()
+        if learned_path is not None and learned_path.exists():
+            try:
+                self._learned = dict(json.loads(learned_path.read_text()))
+            except (OSError, ValueError) as exc:
+                log.warning("tpu_inductor: ignoring unreadable %s: %s", learned_path, exc)
+
+    @staticmethod
+    def signature(node: torch.fx.Node) -> str:
+        """``aten.i0(float32)``: an op and its tensor input dtypes, the unit of learning."""
+        dtypes = [
+            str(t.dtype).removeprefix("torch.")
+            for a in node.all_input_nodes
+            for t in _tensors(a.meta.get("val"))
+        ]
+        return f"{op_key(node.target)}({','.join(dtypes)})"
+
+    def learn(self, signature: str, reason: str) -> None:
+        """Remember that ``signature`` failed to lower, here and for later processes."""
+        with self._lock:
+            if signature in self._learned:
+                return
+            self._learned[signature] = reason
+            if self._learned_path is None:
+                return
+            try:
+                from tpu_inductor.runtime.disk_cache import _atomic_write
+
+                self._learned_path.parent.mkdir(parents=True, exist_ok=True)
+                _atomic_write(self._learned_path, json.dumps(self._learned, indent=1).encode())
+            except OSError as exc:
+                log.debug("tpu_inductor: cannot persist learned ops: %s", exc)
+
+    def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
+        """None when ``node`` lowers; else a short reason for reports and errors."""
+        if node.op != "call_function":
+            return "not an ATen op call"
+        if node.target in _ALWAYS_LOWERABLE:
+            return None
+        if not isinstance(node.target, torch._ops.OpOverload):
+            return f"Python callable {op_key(node.target)} is not an ATen op"
+        key = op_key(node.target)
+        for value in [node.meta.get("val")] + [
+            a.meta.get("val") for a in node.all_input_nodes
+        ]:
+            if value is not None and not isinstance(value, (torch.Tensor, list, tuple)):
+                return f"takes or produces a non-tensor value ({type(value).__name__})"
+            for tensor in _tensors(value):
+                if tensor.dtype not in SUPPORTED_DTYPES:
+                    return f"dtype {tensor.dtype} is not supported on the device"
+        if free_unbacked_symbols(node.meta.get("val")):
+            return "output shape depends on the data"
+        if key in KNOWN_UNSUPPORTED:
+            return "torch-mlir has no StableHLO lowering for it"
+        if key in EAGER_ONLY:
+            return "random op: runs in eager to use torch's generator"
+        return self._learned.get(self.signature(node))

@@ -1,0 +1,33 @@
+"""ATen graph passes: one pass a file, each ``gm -> gm``, each saying why.
+
+:func:`run_passes` runs the cleanup pipeline under PyTorch's
+``GraphTransformObserver``, so a diff per pass is one flag away
+(``torch._inductor.config.trace.log_url_for_graph_xform``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch.fx
+from torch.fx.passes.graph_transform_observer import GraphTransformObserver
+
+from tpu_inductor.passes.cleanup import remove_dead_code
+from tpu_inductor.passes.decompositions import decomposition_table
+
+log = logging.getLogger(__name__)
+
+GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
+
+PIPELINE: tuple[GraphPass, ...] = (remove_dead_code,)
+
+
+def run_passes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    for graph_pass in PIPELINE:
+        with GraphTransformObserver(gm, graph_pass.__name__, subsystem="tpu_inductor"):
+            gm = graph_pass(gm)
+    return gm
+
+
+__all__ = ["PIPELINE", "decomposition_table", "run_passes"]

@@ -1,0 +1,149 @@
+"""Split an ATen graph into device islands and eager nodes.
+
+Why: one op that cannot lower must not fail the model, and every PJRT call
+costs a dispatch, so lowerable nodes are grouped into the largest islands
+that data dependencies allow (PyTorch's ``CapabilityBasedPartitioner`` merges
+independent nodes on both sides of an eager node without creating cycles).
+This is the only place that decides lowered vs eager; the decision per node
+comes from :class:`~tpu_inductor.lowering.SupportTable`.
+
+Before::
+
+    a = aten.mm(x, w); b = aten.i0(a); c = aten.relu(b); d = aten.sin(x)
+
+After (``island_0`` holds mm and sin, ``island_1`` holds relu)::
+
+    a, d = island_0(x, w); b = aten.i0(a); (c,) = island_1(b)
+
+An island made only of views, getitems and other non-compute ops is not
+worth a PJRT call; those nodes stay eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
+
+from tpu_inductor.lowering.support import SupportTable
+
+ISLAND_PREFIX = "island_"
+
+# Ops that move no data worth a device call on their own.
+NON_COMPUTE_OPS = (
+    "_operator.getitem",
+    "torch.ops.aten.view.default",
+    "torch.ops.aten._unsafe_view.default",
+    "torch.ops.aten.reshape.default",
+    "torch.ops.aten.expand.default",
+    "torch.ops.aten.permute.default",
+    "torch.ops.aten.t.default",
+    "torch.ops.aten.transpose.int",
+    "torch.ops.aten.squeeze.dim",
+    "torch.ops.aten.squeeze.dims",
+    "torch.ops.aten.unsqueeze.default",
+    "torch.ops.aten.slice.Tensor",
+    "torch.ops.aten.select.int",
+    "torch.ops.aten.alias.default",
+    "torch.ops.aten.detach.default",
+    "torch.ops.aten.clone.default",
+)
+
+
+class _TableSupport(OperatorSupportBase):
+    def __init__(self, table: SupportTable) -> None:
+        self.table = table
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        return self.table.unsupported_reason(node) is None
+
+
+def _is_compute(node: torch.fx.Node) -> bool:
+    if node.target is operator.getitem:
+        return False
+    return torch.fx.node._get_qualified_name(node.target) not in NON_COMPUTE_OPS
+
+
+@dataclasses.dataclass
+class Island:
+    """A lowerable group of nodes, extracted as its own graph module."""
+
+    name: str
+    nodes: list[torch.fx.Node]
+    graph: torch.fx.GraphModule
+    owner: torch.fx.GraphModule
+    """The graph the nodes belong to (to cut smaller pieces out of it)."""
+    executable: Any = None
+    """Set once the island is compiled."""
+
+
+@dataclasses.dataclass
+class EagerNode:
+    """A node the device will not run, and why."""
+
+    node: torch.fx.Node
+    reason: str
+
+
+@dataclasses.dataclass
+class PartitionPlan:
+    """Islands to lower and the compute nodes left to eager, with reasons."""
+
+    islands: list[Island]
+    eager: list[EagerNode]
+    partitions: list[Partition]
+
+
+def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionPlan:
+    """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched."""
+    partitioner = CapabilityBasedPartitioner(
+        gm,
+        _TableSupport(table),
+        allows_single_node_partition=True,
+        non_compute_ops=list(NON_COMPUTE_OPS),
+    )
+    partitions: list[Partition] = [
+        p for p in partitioner.propose_partitions() if any(_is_compute(n) for n in p.nodes)
+    ]
+    islands = []
+    for index, partition in enumerate(partitions):
+        nodes = topo_sort(list(partition.nodes))
+        name = f"{ISLAND_PREFIX}{index}"
+        sub_gm, _, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
+        islands.append(Island(name=name, nodes=nodes, graph=sub_gm, owner=gm))
+    in_islands = {n for island in islands for n in island.nodes}
+    eager = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node in in_islands:
+            continue
+        reason = table.unsupported_reason(node)
+        if reason is not None and _is_compute(node):
+            eager.append(EagerNode(node, reason))
+    return PartitionPlan(islands=islands, eager=eager, partitions=partitions)
+
+
+def fuse_islands(gm: torch.fx.GraphModule, plan: PartitionPlan) -> torch.fx.GraphModule:
+    """Rewrite ``gm`` so each island is one ``call_module`` node."""
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    return fuse_by_partitions(
+        gm,
+        [p.nodes for p in plan.partitions],
+        prefix=ISLAND_PREFIX,
+        always_return_tuple=True,
+    )
+
+
+def node_for_failed_op(island: Island, op: str) -> Optional[torch.fx.Node]:
+    from tpu_inductor.lowering.support import op_key
+
+    for node in island.nodes:
+        if node.op == "call_function" and op_key(node.target) == op:
+            return node
+    return None
