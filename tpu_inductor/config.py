@@ -46,11 +46,6 @@ class Config:
     ``$XDG_CACHE_HOME/tpu_inductor`` (``~/.cache/tpu_inductor``).
     Env: ``TPU_INDUCTOR_CACHE_DIR``."""
 
-    min_island_ops: int = 2
-    """An island with fewer compute ops than this (views and getitems do not
-    count) is run eagerly: a PJRT call costs more than it saves.
-    Env: ``TPU_INDUCTOR_MIN_ISLAND_OPS``."""
-
     @property
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or _default_cache_dir(os.environ))
@@ -105,11 +100,6 @@ def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
         if text in _FALSE:
             return False
         raise ConfigError(f"{origin} must be a boolean (1/0, true/false), got {raw!r}")
-    if kind == "int":
-        try:
-            return int(raw)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{origin} must be an integer, got {raw!r}") from None
     if raw is None:
         return None
     return str(raw)

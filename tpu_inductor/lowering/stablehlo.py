@@ -94,6 +94,8 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredM
     _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
     output_node = gm.graph.output_node()
     outputs = output_node.args[0]
+    if isinstance(outputs, torch.fx.Node):
+        outputs = (outputs,)
     output_specs = [_tensor_spec(node.meta.get("val")) for node in outputs]
     return LoweredModule(text=module.operation.get_asm(), output_specs=output_specs)
 

@@ -16,9 +16,25 @@ import torch
 
 aten = torch.ops.aten
 
-# Ops we keep whole although core ATen would decompose them, because the
-# decomposition produces something worse for XLA or for the fallback.
-_KEEP: tuple = ()
+
+def _python_remainder(a, b):
+    """``remainder`` with the divisor's sign, as eager computes it.
+
+    torch-mlir lowers ``aten.remainder`` to ``stablehlo.remainder``, which
+    takes the dividend's sign (C's fmod): ``-7 % 5`` came back ``-2``, not
+    ``3``. Eager computes fmod and then shifts results whose sign differs from
+    the divisor's; we emit exactly that.
+    """
+    r = torch.fmod(a, b)
+    shift = (r != 0) & ((r < 0) != (torch.as_tensor(b) < 0))
+    return torch.where(shift, r + b, r)
+
+
+# Decompositions of our own: each fixes a wrong lowering or fills a gap.
+_OURS: dict = {
+    aten.remainder.Tensor: _python_remainder,
+    aten.remainder.Scalar: _python_remainder,
+}
 
 
 @functools.cache
@@ -26,6 +42,5 @@ def decomposition_table() -> dict[torch._ops.OperatorBase, Callable]:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     table = dict(get_decomposition_table())
-    for op in _KEEP:
-        table.pop(op, None)
+    table.update(_OURS)
     return table

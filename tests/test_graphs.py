@@ -1,0 +1,171 @@
+"""What real graphs contain: aliases, None/duplicate outputs, mutation, scalars,
+SymInts, empty graphs, odd strides, every dtype the path carries, fallback.
+
+Each case compares the compiled result with eager PyTorch. Elementwise float32
+results are compared with torch.testing's float32 defaults (rtol 1.3e-6,
+atol 1e-5): XLA evaluates the same ops in the same order for these graphs;
+integer and bool results must be exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpu_inductor.report as report
+from tpu_inductor.errors import UnsupportedOpError
+
+OPTIONS = {"cache": False}
+
+
+def compiled(fn, **options):
+    return torch.compile(fn, backend="tpu", options={**OPTIONS, **options})
+
+
+def run_both(fn, *args, **options):
+    eager = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    got = compiled(fn, **options)(*args)
+    torch.testing.assert_close(got, eager)
+    return got
+
+
+def islands() -> int:
+    return len(report.current().islands())
+
+
+def fallback_ops() -> list[str]:
+    return [f.op for f in report.current().fallbacks()]
+
+
+X = torch.randn(4, 5)
+
+
+def test_output_aliases_input_and_is_duplicated():
+    got = run_both(lambda x: (x, x.sin(), x.sin()), X)
+    assert got[0] is X or got[0].data_ptr() == X.data_ptr()
+    assert islands() == 1
+
+
+def test_view_outputs_of_computed_values():
+    run_both(lambda x: x.view(20).cos().view(4, 5)[1:].t(), X)
+
+
+def test_empty_graph_returns_input_without_device_call():
+    run_both(lambda x: x, X)
+    assert islands() == 0
+
+
+def test_non_contiguous_and_storage_offset_inputs():
+    run_both(lambda x: x.exp() * 2, X.t())
+    run_both(lambda x: x.exp() * 2, torch.randn(1, 5).expand(3, 5))
+    run_both(lambda x: (x + 1).sum(0), torch.randn(21)[1:].view(4, 5))
+
+
+def test_input_mutation_is_written_back():
+    def add_in_place(a):
+        a.mul_(2).add_(1)
+        return a.sum()
+
+    x = torch.randn(3, 3)
+    expected = x * 2 + 1
+    total = compiled(add_in_place)(x)
+    torch.testing.assert_close(x, expected)
+    torch.testing.assert_close(total, expected.sum())
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool]
+)
+def test_dtypes_round_trip(dtype):
+    x = (torch.randn(4, 6) * 10).to(dtype)
+    if dtype == torch.bool:
+        got = run_both(lambda a: (a & ~a.flip(0)) | a.roll(1, 1), x)
+    else:
+        got = run_both(lambda a: (a * 3 + a.flip(0)).abs(), x)
+    assert got.dtype == dtype
+
+
+def test_int64_beyond_int32_stays_exact():
+    big = torch.tensor([2**40 + 7, -(2**35) - 1, 3, 2**62], dtype=torch.int64)
+    got = run_both(lambda a: (a // 2 + a % 5, a.cumsum(0), a.max()), big)
+    assert got[0].dtype == torch.int64
+    assert int(got[2]) == 2**62
+
+
+def test_python_scalars_and_symint_arguments():
+    run_both(lambda a, s: a * s + 1, X, 2.5)
+
+    def sized(a, n):
+        return a.sum() * n + a.shape[0]
+
+    fn = torch.compile(sized, backend="tpu", options=OPTIONS, dynamic=True)
+    for rows, n in [(2, 3), (3, 4), (5, 7)]:
+        a = torch.randn(rows, 3)
+        torch.testing.assert_close(fn(a, n), sized(a, n))
+
+
+def test_changing_shapes_with_default_dynamic():
+    def f(a):
+        return (a.softmax(-1) * a.shape[0]).sum(0)
+
+    fn = compiled(f)
+    for rows in (2, 3, 8, 5):
+        a = torch.randn(rows, 4)
+        torch.testing.assert_close(fn(a), f(a))
+
+
+def test_unsupported_op_falls_back_in_graph_order():
+    def f(a):
+        b = torch.special.i0(a.sin() * 2)  # i0 has no StableHLO lowering
+        return (b.cos() + a).sum(0)
+
+    run_both(f, X)
+    assert fallback_ops() == ["aten.i0.default"]
+    assert islands() == 2
+
+
+def test_complex_values_run_eagerly_between_islands():
+    def f(a):
+        spectrum = torch.fft.rfft(a.sin(), dim=-1)
+        return spectrum.abs().exp() * 2
+
+    run_both(f, torch.randn(4, 8))
+    assert set(fallback_ops()) >= {"aten._fft_r2c.default"}
+
+
+def test_strict_names_op_and_source_line():
+    def f(a):
+        return torch.special.i0(a).sin()  # the line the error must point at
+
+    with pytest.raises(Exception) as info:
+        compiled(f, strict=True)(X)
+    message = str(info.value)
+    assert isinstance(info.value, UnsupportedOpError) or "UnsupportedOpError" in message
+    assert "aten.i0" in message
+    assert f"test_graphs.py:{f.__code__.co_firstlineno + 1}" in message
+
+
+def test_fallback_in_backward():
+    def f(a):
+        return (torch.special.i0(a.sin()) * a).sum()
+
+    a = torch.randn(5, requires_grad=True)
+    b = a.detach().clone().requires_grad_(True)
+    compiled(f)(a).backward()
+    f(b).backward()
+    torch.testing.assert_close(a.grad, b.grad)
+    kinds = {g.kind for g in report.current().graphs if g.fallbacks}
+    assert kinds == {"forward", "backward"}
+
+
+def test_backward_with_none_gradients():
+    def f(a, w):
+        return (a @ w).relu().sum()
+
+    a = torch.randn(3, 4)  # no grad: its gradient output is None
+    w = torch.randn(4, 2, requires_grad=True)
+    w_ref = w.detach().clone().requires_grad_(True)
+    compiled(f)(a, w).backward()
+    f(a, w_ref).backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    assert a.grad is None
