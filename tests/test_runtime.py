@@ -1,0 +1,73 @@
+"""The runtime: zero-copy DLPack on the CPU client, the executable caches."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from tpu_inductor.runtime import get_platform
+from tpu_inductor.runtime import transfer
+
+
+def test_cpu_tensors_cross_without_copies():
+    platform = get_platform("cpu")
+    x = torch.randn(64, 64)
+    buffer = transfer.to_device(x, platform)
+    assert buffer.unsafe_buffer_pointer() == x.data_ptr()
+    back = transfer.to_torch(buffer, platform)
+    assert back.data_ptr() == buffer.unsafe_buffer_pointer()
+    torch.testing.assert_close(back, x)
+
+
+def test_parameters_requiring_grad_cross_without_copies():
+    platform = get_platform("cpu")
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    assert transfer.to_device(weight, platform).unsafe_buffer_pointer() == weight.data_ptr()
+
+
+def test_broadcast_views_are_made_dense_first():
+    platform = get_platform("cpu")
+    x = torch.randn(1, 5).expand(4, 5)
+    torch.testing.assert_close(transfer.to_torch(transfer.to_device(x, platform), platform), x)
+
+
+def _run(script: str, cache_dir: Path) -> str:
+    env_script = textwrap.dedent(script)
+    out = subprocess.run(
+        [sys.executable, "-c", env_script, str(cache_dir)], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+WARM_START = """
+import sys, torch
+import tpu_inductor.report as report
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+x = torch.randn(5, 16)
+fn = torch.compile(model, backend="tpu", options={"cache_dir": sys.argv[1]})
+with torch.no_grad():
+    torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-6)
+print(",".join(i.compile_source for i in report.current().islands()))
+"""
+
+
+def test_second_process_loads_executables_from_cache_dir(tmp_path):
+    assert _run(WARM_START, tmp_path) == "xla"
+    entries = list((tmp_path / "executables").iterdir())
+    assert len(entries) == 1
+    assert {p.name for p in entries[0].iterdir()} == {"module.mlir", "executable.bin", "manifest.json"}
+    assert _run(WARM_START, tmp_path) == "disk"
+
+
+def test_corrupted_entry_is_evicted_and_recompiled(tmp_path):
+    _run(WARM_START, tmp_path)
+    (entry,) = (tmp_path / "executables").iterdir()
+    blob = entry / "executable.bin"
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
+    assert _run(WARM_START, tmp_path) == "xla"
+    assert _run(WARM_START, tmp_path) == "disk"
