@@ -12,6 +12,7 @@ shared.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from typing import Any, Optional, Sequence
@@ -29,6 +30,7 @@ from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, p
 from tpu_inductor.passes.specialize import has_symbolic_inputs, specialize
 from tpu_inductor.runtime import DeviceExecutable, Platform, compile_stablehlo, get_platform
 from tpu_inductor.runtime.disk_cache import ExecutableDiskCache
+from tpu_inductor.runtime.executable import component_versions
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,10 @@ def _support_table(cache_root) -> SupportTable:
     """One table per cache directory, shared by every region of the process."""
     key = str(cache_root) if cache_root else None
     if key not in _support_tables:
-        learned = cache_root / "learned_unsupported.json" if cache_root else None
-        _support_tables[key] = SupportTable(learned)
+        # What failed with one torch-mlir/XLA may lower with the next: one file per versions.
+        versions = hashlib.sha256(repr(sorted(component_versions().items())).encode())
+        name = f"learned_unsupported-{versions.hexdigest()[:12]}.json"
+        _support_tables[key] = SupportTable(cache_root / name if cache_root else None)
     return _support_tables[key]
 
 
