@@ -174,6 +174,9 @@ def make_cnn(seed: int = 0):
     torch.manual_seed(seed)
     g = _generator(seed)
     model = CNN()
+    with torch.no_grad():  # non-trivial running statistics for eval mode
+        for _ in range(2):
+            model(torch.randn(4, 3, 8, 8, generator=g) * 2 + 0.5)
     x = torch.randn(4, 3, 8, 8, generator=g)
     y = torch.randint(0, 5, (4,), generator=g)
     return model, (x,), y, F.cross_entropy

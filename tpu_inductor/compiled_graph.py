@@ -209,11 +209,19 @@ def _learn_from_failure(island: Island, error: Exception, context: CompileContex
     if not culprits:
         # The ops lower alone but not together: keep this island's ops off the device.
         culprits = [n for n in island.nodes if n.op == "call_function"]
-    summary = str(error).strip().splitlines()
-    reason = f"lowering failed: {summary[0] if summary else type(error).__name__}"
+    reason = _failure_reason(error)
     for node in culprits:
         log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), reason)
         context.support.learn(context.support.signature(node), reason)
+
+
+def _failure_reason(error: Exception) -> str:
+    """One line naming the component that refused and what it said."""
+    if isinstance(error, IslandLoweringError):
+        detail = error.diagnostics[0] if error.diagnostics else error.stage
+        return f"torch-mlir: {detail.splitlines()[0]}"
+    lines = str(error).strip().splitlines()
+    return f"XLA: {lines[0] if lines else type(error).__name__}"
 
 
 def _probe_nodes_alone(island: Island, context: CompileContext) -> list[torch.fx.Node]:

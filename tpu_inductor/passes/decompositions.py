@@ -30,10 +30,28 @@ def _python_remainder(a, b):
     return torch.where(shift, r + b, r)
 
 
+def _shift_by_tensor(tensor_op):
+    """``x << 2`` as ``bitwise_left_shift(x, tensor(2))``.
+
+    torch-mlir's StableHLO lowering rejects the Scalar overloads of the shift
+    operators (it cannot legalize the ``torch.constant.int`` operand) but
+    lowers the Tensor overloads; a 0-d shift amount is the same computation.
+    """
+
+    def shift(a, amount):
+        return tensor_op(a, torch.scalar_tensor(amount, dtype=a.dtype))
+
+    return shift
+
+
 # Decompositions of our own: each fixes a wrong lowering or fills a gap.
 _OURS: dict = {
     aten.remainder.Tensor: _python_remainder,
     aten.remainder.Scalar: _python_remainder,
+    aten.__lshift__.Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
+    aten.__rshift__.Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
+    aten.bitwise_left_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
+    aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
 }
 
 
