@@ -163,13 +163,10 @@ def _optimizer(kind: str, params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
 
 
-def _batches(name: str, steps: int):
-    """A fresh batch per step (same shapes as the model's example batch)."""
-    batches = []
-    for step in range(steps):
-        _, inputs, targets, _ = MODELS[name](seed=1000 + step)
-        batches.append((inputs, targets))
-    return batches
+def _batches(name: str, steps: int, distinct: int = 4):
+    """``steps`` batches cycling over ``distinct`` fixed ones (learnable: the loss falls)."""
+    batches = [MODELS[name](seed=1000 + i)[1:3] for i in range(distinct)]
+    return [batches[step % distinct] for step in range(steps)]
 
 
 @pytest.mark.parametrize("optim", ["sgd", "adamw"])
@@ -178,6 +175,7 @@ def test_training_loop_tracks_eager(name, optim, tmp_path):
     model, _, _, loss_fn = MODELS[name]()
     model.train()
     eager, module = copy.deepcopy(model), copy.deepcopy(model)
+    tracked_before = {k: int(v) for k, v in model.named_buffers() if k.endswith("num_batches_tracked")}
     compiled = _compile(module, tmp_path)
     opt_eager = _optimizer(optim, eager.parameters())
     opt_compiled = _optimizer(optim, module.parameters())
@@ -198,7 +196,9 @@ def test_training_loop_tracks_eager(name, optim, tmp_path):
         torch.tensor(compiled_losses), torch.tensor(eager_losses), **LOOP,
         msg=lambda m: f"per-step losses diverge: {m}",
     )
-    assert eager_losses[-1] < eager_losses[0], "the loop should train (sanity check of the test)"
+    # Sanity check of the test itself: the loop trains (the last pass over the
+    # four batches has a lower loss than the first).
+    assert sum(eager_losses[-4:]) < sum(eager_losses[:4]), eager_losses
     for (pname, p_compiled), p_eager in zip(module.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p_compiled, p_eager, **LOOP, msg=lambda m: f"{pname}: {m}")
     # BatchNorm running_mean / running_var / num_batches_tracked are mutated
@@ -206,8 +206,8 @@ def test_training_loop_tracks_eager(name, optim, tmp_path):
     buffers = dict(module.named_buffers())
     for bname, b_eager in eager.named_buffers():
         torch.testing.assert_close(buffers[bname], b_eager, **LOOP, msg=lambda m: f"{bname}: {m}")
-    if name == "cnn":
-        assert int(buffers["features.1.num_batches_tracked"]) == LOOP_STEPS
+    for bname, before in tracked_before.items():
+        assert int(buffers[bname]) == before + LOOP_STEPS, bname
 
     graphs = report.current().graphs
     # Parameters change in place every step; that must not cause recompiles.

@@ -1,0 +1,142 @@
+"""Eager fallback: ops that do not lower run in PyTorch between device islands.
+
+Results are compared with eager at torch.testing's float32 defaults: the
+lowered parts are elementwise and the eager parts are eager itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tpu_inductor.report as report
+from tpu_inductor.errors import UnsupportedOpError
+
+OPTIONS = {"cache": False}
+
+
+def compiled(fn, **options):
+    return torch.compile(fn, backend="tpu", options={**OPTIONS, **options})
+
+
+def fallback_ops(kind: str | None = None) -> list[str]:
+    return [f.op for g in report.current().graphs if kind in (None, g.kind) for f in g.fallbacks]
+
+
+def one_fallback(a):
+    b = torch.special.i0(a.sin() * 2)  # i0: torch-mlir has no StableHLO lowering
+    return (b.cos() + a).sum(0)
+
+
+def two_fallbacks(a):
+    b = torch.special.i0(a.sin())
+    c = torch.nn.functional.gelu(b) * a
+    return torch.special.i0(c.tanh()).log1p() + c
+
+
+def many_fallbacks(a):
+    b = a.sin()
+    c = torch.special.i0(b) * 2
+    d = torch.special.i0(c.cos()) + b
+    e = torch.fft.rfft(d).abs()  # complex: FFT and abs of complex run eagerly
+    return e.exp().sum() + a.sum()
+
+
+@pytest.mark.parametrize(
+    "fn, expected_fallbacks",
+    [
+        (one_fallback, ["aten.i0.default"]),
+        (two_fallbacks, ["aten.i0.default"] * 2),
+        (many_fallbacks, ["aten.i0.default"] * 2 + ["aten._fft_r2c.default", "aten.abs.default"]),
+    ],
+)
+def test_forward_matches_eager_with_at_most_k_plus_1_islands(fn, expected_fallbacks):
+    a = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(fn)(a), fn(a))
+    assert sorted(fallback_ops()) == sorted(expected_fallbacks)
+    (graph,) = report.current().graphs
+    assert 1 <= len(graph.islands) <= len(expected_fallbacks) + 1
+
+
+@pytest.mark.parametrize("fn", [one_fallback, two_fallbacks])
+def test_backward_with_fallbacks_matches_eager_gradients(fn):
+    a = torch.randn(4, 8, requires_grad=True)
+    b = a.detach().clone().requires_grad_(True)
+    compiled(fn)(a).sum().backward()
+    fn(b).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)
+    assert "aten.i0.default" in fallback_ops("forward")
+    # d/dx i0 = i1, which has no lowering either: the backward graph falls back too.
+    assert fallback_ops("backward")
+
+
+def test_independent_lowerable_nodes_share_an_island():
+    def f(a):
+        left = a.sin() * 2
+        middle = torch.special.i0(a)
+        right = a.cos() + 1
+        return left + right, middle.exp()
+
+    a = torch.randn(8)
+    torch.testing.assert_close(compiled(f)(a), f(a))
+    # i0 depends only on the input, so it runs first and everything else,
+    # before and after it in program order, forms one island.
+    (graph,) = report.current().graphs
+    assert len(graph.islands) == 1
+
+
+def test_fallback_record_names_op_reason_and_source_line():
+    a = torch.randn(4, 8)
+    compiled(one_fallback)(a)
+    (record,) = report.current().fallbacks()
+    assert record.op == "aten.i0.default"
+    assert "no StableHLO lowering" in record.reason
+    line = one_fallback.__code__.co_firstlineno + 1
+    assert record.source.endswith(f"test_fallback.py:{line}")
+
+
+def test_strict_option_raises_naming_op_reason_and_line():
+    with pytest.raises(Exception) as info:
+        compiled(one_fallback, strict=True)(torch.randn(4, 8))
+    message = str(info.value)
+    assert "UnsupportedOpError" in message or isinstance(info.value, UnsupportedOpError)
+    assert "aten.i0.default" in message and "no StableHLO lowering" in message
+    assert f"test_fallback.py:{one_fallback.__code__.co_firstlineno + 1}" in message
+
+
+def test_strict_environment_variable(monkeypatch):
+    monkeypatch.setenv("TPU_INDUCTOR_STRICT", "1")
+    with pytest.raises(Exception, match="aten.i0.default"):
+        compiled(one_fallback)(torch.randn(4, 8))
+
+
+def test_failed_lowering_is_learned_and_remembered(tmp_path):
+    """An op torch-mlir rejects (not in the static table) is found, then remembered."""
+
+    def shifts(a):
+        return torch.ops.aten.__lshift__.Scalar(a, 2) + a.sum()
+
+    a = torch.arange(-3, 4)
+    from tpu_inductor.passes import decompositions
+
+    # Without our decomposition, torch-mlir fails on the Scalar shift overload.
+    table = decompositions._OURS
+    saved = table.pop(torch.ops.aten.__lshift__.Scalar)
+    decompositions.decomposition_table.cache_clear()
+    try:
+        options = {"cache": True, "cache_dir": str(tmp_path)}
+        torch.testing.assert_close(compiled(shifts, **options)(a), shifts(a))
+        first = report.current().graphs[-1]
+        assert first.lowering_retries >= 1
+        assert fallback_ops() == ["aten.__lshift__.Scalar"]
+        (learned_file,) = tmp_path.glob("learned_unsupported-*.json")
+        assert "aten.__lshift__(int64)" in json.loads(learned_file.read_text())
+
+        torch._dynamo.reset()
+        torch.testing.assert_close(compiled(shifts, **options)(a + 1), shifts(a + 1))
+        assert report.current().graphs[-1].lowering_retries == 0
+    finally:
+        table[torch.ops.aten.__lshift__.Scalar] = saved
+        decompositions.decomposition_table.cache_clear()
