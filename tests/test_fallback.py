@@ -140,3 +140,21 @@ def test_failed_lowering_is_learned_and_remembered(tmp_path):
     finally:
         table[torch.ops.aten.__lshift__.Scalar] = saved
         decompositions.decomposition_table.cache_clear()
+
+
+def test_data_dependent_shapes_run_eagerly_and_teach_nothing(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+
+    def f(a):
+        positive = a[a > 0]  # boolean-mask indexing: shape depends on the data
+        return (positive.sin() * 2).sum() + a.cos().sum()
+
+    a = torch.randn(16)
+    torch.testing.assert_close(compiled(f)(a), f(a))
+    (graph,) = report.current().graphs
+    assert graph.lowering_retries == 0  # decided up front, not by a failed compile
+    assert "aten.index.Tensor" in fallback_ops()
+    # Shape bookkeeping (sym_size, asserts) is not reported as fallback.
+    assert all(op.startswith("aten.") and "sym_size" not in op for op in fallback_ops())
+    # The final scalar add is not worth a device call of its own.
+    assert len(graph.islands) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -17,6 +18,23 @@ from tpu_inductor.errors import ConfigError
 PLATFORMS = ("cpu", "cuda", "tpu")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(raw: Any) -> int:
+    """Bytes from ``2147483648``, ``500M``, ``2GiB`` or ``1.5g`` (units are powers of 1024)."""
+    if isinstance(raw, bool):
+        raise ValueError(f"not a size: {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    match = _SIZE.match(str(raw))
+    if not match:
+        raise ValueError(f"not a size: {raw!r} (use bytes or a number with K/M/G/T, e.g. 2G)")
+    number, unit, _ = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit.lower()])
 
 
 def _default_cache_dir(environ: Mapping[str, str]) -> str:
@@ -46,13 +64,24 @@ class Config:
     ``$XDG_CACHE_HOME/tpu_inductor`` (``~/.cache/tpu_inductor``).
     Env: ``TPU_INDUCTOR_CACHE_DIR``."""
 
+    cache_max_bytes: int = 2 * 1024**3
+    """Size cap of ``cache_dir``; past it the least-recently-used entries are
+    evicted. Bytes or a size such as ``500M`` / ``2GiB``.
+    Env: ``TPU_INDUCTOR_CACHE_MAX_BYTES``."""
+
+    xla_flags: str = dataclasses.field(default="", metadata={"env": "XLA_FLAGS", "option": False})
+    """The ``XLA_FLAGS`` environment value. XLA reads it itself when the PJRT
+    client starts, so it is not an option; it is read here because flags change
+    compiled code and so belong in every executable cache key."""
+
     @property
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or _default_cache_dir(os.environ))
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        """The names accepted in ``options={...}`` (environment-only fields excluded)."""
+        return [f.name for f in dataclasses.fields(cls) if f.metadata.get("option", True)]
 
     @classmethod
     def load(
@@ -71,7 +100,7 @@ class Config:
             )
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
-            env_name = f"TPU_INDUCTOR_{field.name.upper()}"
+            env_name = field.metadata.get("env", f"TPU_INDUCTOR_{field.name.upper()}")
             if field.name in options:
                 raw, origin = options[field.name], f"option {field.name!r}"
             elif env_name in environ:
@@ -100,6 +129,11 @@ def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
         if text in _FALSE:
             return False
         raise ConfigError(f"{origin} must be a boolean (1/0, true/false), got {raw!r}")
+    if kind == "int":
+        try:
+            return parse_size(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
     if raw is None:
         return None
     return str(raw)

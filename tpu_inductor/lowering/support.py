@@ -3,7 +3,8 @@
 A node is lowered unless one of these says no, in this order:
 
 1. its tensors carry a dtype outside :data:`SUPPORTED_DTYPES`;
-2. its output shape depends on data (unbacked symbols: nonzero, masked_select);
+2. its input or output shape depends on data (unbacked symbols: nonzero,
+   masked_select, and everything computed from their results);
 3. its op is in :data:`KNOWN_UNSUPPORTED` (torch-mlir cannot lower it) or in
    :data:`EAGER_ONLY` (random ops, whose results must come from torch's own
    generator to match eager);
@@ -156,8 +157,10 @@ class SupportTable:
             for tensor in _tensors(value):
                 if tensor.dtype not in SUPPORTED_DTYPES:
                     return f"dtype {tensor.dtype} is not supported on the device"
-        if free_unbacked_symbols(node.meta.get("val")):
-            return "output shape depends on the data"
+        if free_unbacked_symbols(node.meta.get("val")) or any(
+            free_unbacked_symbols(a.meta.get("val")) for a in node.all_input_nodes
+        ):
+            return "shape depends on the data"
         if key in KNOWN_UNSUPPORTED:
             return "torch-mlir has no StableHLO lowering for it"
         if key in EAGER_ONLY:

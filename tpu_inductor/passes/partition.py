@@ -15,8 +15,8 @@ After (``island_0`` holds mm and sin, ``island_1`` holds relu)::
 
     a, d = island_0(x, w); b = aten.i0(a); (c,) = island_1(b)
 
-An island made only of views, getitems and other non-compute ops is not
-worth a PJRT call; those nodes stay eager.
+An island made only of views, getitems, other non-compute ops and 0-d
+scalar arithmetic is not worth a PJRT call; those nodes stay eager.
 """
 
 from __future__ import annotations
@@ -70,6 +70,22 @@ def _is_compute(node: torch.fx.Node) -> bool:
     return torch.fx.node._get_qualified_name(node.target) not in NON_COMPUTE_OPS
 
 
+def _worth_a_device_call(node: torch.fx.Node) -> bool:
+    """A compute op that touches more than scalars: views and 0-d arithmetic
+    (``loss_a + loss_b``) cost less in eager than a PJRT dispatch."""
+    if not _is_compute(node):
+        return False
+    values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    return any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in values)
+
+
+def _produces_tensor(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, torch.Tensor)
+
+
 @dataclasses.dataclass
 class Island:
     """A lowerable group of nodes, extracted as its own graph module."""
@@ -109,7 +125,7 @@ def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionP
         non_compute_ops=list(NON_COMPUTE_OPS),
     )
     partitions: list[Partition] = [
-        p for p in partitioner.propose_partitions() if any(_is_compute(n) for n in p.nodes)
+        p for p in partitioner.propose_partitions() if any(_worth_a_device_call(n) for n in p.nodes)
     ]
     islands = []
     for index, partition in enumerate(partitions):
@@ -123,7 +139,8 @@ def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionP
         if node.op != "call_function" or node in in_islands:
             continue
         reason = table.unsupported_reason(node)
-        if reason is not None and _is_compute(node):
+        # Shape arithmetic (sym_size, asserts on SymBools) is bookkeeping, not a fallback.
+        if reason is not None and _is_compute(node) and _produces_tensor(node):
             eager.append(EagerNode(node, reason))
     return PartitionPlan(islands=islands, eager=eager, partitions=partitions)
 
