@@ -78,11 +78,14 @@ def _tensor_leaves(sample) -> list[torch.Tensor]:
 
 
 def _usable(sample) -> bool:
-    """Dense, non-complex tensors only (the device has no sparse or complex dtypes)."""
-    for t in _tensor_leaves(sample):
+    """Dense, non-complex tensors only (the device has no sparse or complex dtypes),
+    and not only 0-d ones: scalar-only arithmetic runs eagerly by design (a PJRT
+    call costs more than it saves), so such a sample would test nothing here."""
+    tensors = _tensor_leaves(sample)
+    for t in tensors:
         if t.layout != torch.strided or t.is_complex() or t.is_quantized:
             return False
-    return True
+    return not tensors or any(t.dim() > 0 for t in tensors)
 
 
 def _clone(tree: Any) -> Any:

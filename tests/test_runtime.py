@@ -60,7 +60,7 @@ def test_second_process_loads_executables_from_cache_dir(tmp_path):
     assert _run(WARM_START, tmp_path) == "xla"
     entries = list((tmp_path / "executables").iterdir())
     assert len(entries) == 1
-    assert {p.name for p in entries[0].iterdir()} == {"module.mlir", "executable.bin", "manifest.json"}
+    assert {p.name for p in entries[0].iterdir()} == {"module.mlirbc", "executable.bin", "manifest.json"}
     assert _run(WARM_START, tmp_path) == "disk"
 
 

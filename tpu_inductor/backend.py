@@ -9,6 +9,7 @@ goes to :func:`tpu_inductor.compiled_graph.compile_graph`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -31,12 +32,35 @@ def tpu_backend(
     def compiler(kind: str):
         return functools.partial(_compile_aten, kind=kind, context=context)
 
-    return aot_autograd(
+    trace = aot_autograd(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
-    )(gm, example_inputs)
+    )
+    with _attention_for_autograd(example_inputs):
+        return trace(gm, example_inputs)
+
+
+def _attention_for_autograd(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """Trace scaled_dot_product_attention as plain matmuls when gradients flow.
+
+    On CPU, SDPA dispatches to the flash kernel, whose second output is the
+    logsumexp its backward needs. The decomposition torch-mlir's table uses
+    for it returns the attention probabilities there instead: fine for
+    inference, where that output is dead, but in training the backward read
+    it as the logsumexp and gradients came out silently wrong. The math
+    backend decomposes SDPA above autograd, so forward and backward are
+    ordinary ops that lower.
+    """
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
+    if not needs_grad:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import time
+import operator
 from typing import Any, Optional, Sequence
 
 import torch
@@ -23,13 +23,14 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.config import Config
 from tpu_inductor.errors import LoweringError, UnsupportedOpError, describe_node, user_source_line
+from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.stablehlo import IslandLoweringError, lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable, op_key
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands
 from tpu_inductor.passes.specialize import has_symbolic_inputs, specialize
 from tpu_inductor.runtime import DeviceExecutable, Platform, compile_stablehlo, get_platform
-from tpu_inductor.runtime.disk_cache import ExecutableDiskCache
+from tpu_inductor.runtime.disk_cache import DiskCache
 from tpu_inductor.runtime.executable import component_versions
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class CompileContext:
     config: Config
     platform: Platform
     support: SupportTable
-    disk_cache: Optional[ExecutableDiskCache]
+    disk_cache: Optional[DiskCache]
 
     @classmethod
     def create(cls, config: Config) -> "CompileContext":
@@ -51,7 +52,7 @@ class CompileContext:
             config=config,
             platform=get_platform(config.platform),
             support=_support_table(cache_root),
-            disk_cache=ExecutableDiskCache(cache_root) if cache_root else None,
+            disk_cache=DiskCache(cache_root, config.cache_max_bytes) if cache_root else None,
         )
 
 
@@ -177,10 +178,15 @@ def _compile_islands(
     records = []
     for island in plan.islands:
         try:
-            started = time.perf_counter()
-            lowered = lower_to_stablehlo(island.graph, name="main")
-            lowered_at = time.perf_counter()
-            loaded, stats = compile_stablehlo(lowered.text, context.platform, context.disk_cache)
+            # Both levels of the disk cache: ATen graph -> StableHLO -> executable.
+            lowered, lower_stats = lower_cached(island.graph, context.disk_cache, name="main")
+            loaded, stats = compile_stablehlo(
+                lowered.module,
+                context.platform,
+                context.disk_cache,
+                input_specs=lowered.input_specs,
+                xla_flags=context.config.xla_flags,
+            )
         except Exception as exc:  # torch-mlir and XLA raise many types
             return island, exc
         island.executable = DeviceExecutable(
@@ -191,9 +197,10 @@ def _compile_islands(
                 name=island.name,
                 num_nodes=len(island.nodes),
                 compile_source=stats.source,
-                lower_seconds=lowered_at - started,
+                lower_seconds=lower_stats.seconds,
                 compile_seconds=stats.seconds,
                 cache_key=stats.key,
+                lower_source=lower_stats.source,
             )
         )
     record.islands = records
@@ -203,16 +210,18 @@ def _compile_islands(
 def _learn_from_failure(island: Island, error: Exception, context: CompileContext) -> None:
     """Find the ops that broke ``island`` and teach the support table about them."""
     named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
-    culprits = [n for n in island.nodes if n.op == "call_function" and op_key(n.target) in named]
+    reason = _failure_reason(error)
+    culprits = [
+        (n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named
+    ]
     if not culprits:
         culprits = _probe_nodes_alone(island, context)
     if not culprits:
         # The ops lower alone but not together: keep this island's ops off the device.
-        culprits = [n for n in island.nodes if n.op == "call_function"]
-    reason = _failure_reason(error)
-    for node in culprits:
-        log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), reason)
-        context.support.learn(context.support.signature(node), reason)
+        culprits = [(n, reason) for n in island.nodes if n.op == "call_function"]
+    for node, why in culprits:
+        log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
+        context.support.learn(context.support.signature(node), why)
 
 
 def _failure_reason(error: Exception) -> str:
@@ -224,24 +233,36 @@ def _failure_reason(error: Exception) -> str:
     return f"XLA: {lines[0] if lines else type(error).__name__}"
 
 
-def _probe_nodes_alone(island: Island, context: CompileContext) -> list[torch.fx.Node]:
+# Allocation ops lower to tensor.empty, which XLA rejects in a graph of its
+# own; inside a real island their result is always overwritten, so a probe of
+# one alone proves nothing about the island.
+_UNPROBEABLE = frozenset({"aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty"})
+
+
+def _probe_nodes_alone(
+    island: Island, context: CompileContext
+) -> list[tuple[torch.fx.Node, str]]:
     """Lower each distinct op signature of the island on its own; return the failures."""
     from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
     failures, seen = [], set()
     for node in island.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
         signature = context.support.signature(node)
-        if node.op != "call_function" or signature in seen or not isinstance(
-            node.target, torch._ops.OpOverload
-        ):
+        if signature in seen or op_key(node.target) in _UNPROBEABLE:
             continue
         seen.add(signature)
-        single, _, _ = fuse_as_graphmodule(island.owner, [node], "probe", always_return_tuple=True)
+        # A multi-output op is probed with its getitems, so outputs are tensors.
+        getitems = [u for u in node.users if u.target is operator.getitem and u in island.nodes]
+        single, _, _ = fuse_as_graphmodule(
+            island.owner, [node, *getitems], "probe", always_return_tuple=True
+        )
         try:
             lowered = lower_to_stablehlo(single)
-            compile_stablehlo(lowered.text, context.platform, None)
-        except Exception:
-            failures.append(node)
+            compile_stablehlo(lowered.module, context.platform, None)
+        except Exception as probe_error:  # torch-mlir and XLA raise many types
+            failures.append((node, _failure_reason(probe_error)))
     return failures
 
 

@@ -2,8 +2,9 @@
 
 Every stage appends to one process-wide :class:`Report`: each compiled graph
 with its islands and the nodes that ran eagerly (op, reason, user source
-line), and each executable compile with where it came from (XLA, memory or
-the disk cache). Readers (tests, ``explain``, the CLI) read this record;
+line), each executable compile with where it came from (XLA, memory or
+the disk cache), and each disk-cache lookup with, for a miss, its reason.
+Readers (tests, ``explain``, the CLI) read this record;
 nothing else prints.
 """
 
@@ -31,6 +32,25 @@ class IslandRecord:
     lower_seconds: float
     compile_seconds: float
     cache_key: str
+    lower_source: str = "torch-mlir"
+    """``torch-mlir`` (lowered now) or ``disk`` (StableHLO from the graph cache)."""
+
+
+@dataclasses.dataclass
+class CacheEvent:
+    """One lookup in the on-disk artifact cache."""
+
+    level: str
+    """``graph`` (ATen graph -> StableHLO, skips torch-mlir) or ``executable``
+    (StableHLO -> PJRT executable, skips XLA)."""
+    key: str
+    """The entry's directory name under ``<cache_dir>/graphs|executables/``."""
+    hit: bool
+    reason: Optional[str] = None
+    """For a miss: ``no entry``, ``version changed``, ``options changed``,
+    ``platform changed`` or ``corrupted`` (the entry was evicted)."""
+    saves_seconds: float = 0.0
+    """For a hit: the lowering or compile time the entry saved."""
 
 
 @dataclasses.dataclass
@@ -49,12 +69,24 @@ class GraphRecord:
 @dataclasses.dataclass
 class Report:
     graphs: list[GraphRecord] = dataclasses.field(default_factory=list)
+    cache_events: list[CacheEvent] = dataclasses.field(default_factory=list)
 
     def fallbacks(self) -> list[FallbackRecord]:
         return [f for g in self.graphs for f in g.fallbacks]
 
     def islands(self) -> list[IslandRecord]:
         return [i for g in self.graphs for i in g.islands]
+
+    def cache_hits(self) -> int:
+        return sum(e.hit for e in self.cache_events)
+
+    def cache_misses(self) -> dict[str, int]:
+        """Miss counts by reason."""
+        counts: dict[str, int] = {}
+        for event in self.cache_events:
+            if not event.hit:
+                counts[str(event.reason)] = counts.get(str(event.reason), 0) + 1
+        return counts
 
 
 _lock = threading.Lock()
@@ -80,3 +112,8 @@ def new_graph_record(kind: str, num_nodes: int, input_shapes: list[tuple[int, ..
         )
         _current.graphs.append(record)
     return record
+
+
+def record_cache_event(event: CacheEvent) -> None:
+    with _lock:
+        _current.cache_events.append(event)

@@ -1,4 +1,4 @@
-"""Lower an ATen FX graph to StableHLO text with torch-mlir.
+"""Lower an ATen FX graph to StableHLO bytecode with torch-mlir.
 
 The graph is imported with ``torch_mlir.fx.stateless_fx_import`` and then run
 through torch-mlir's two pipelines (FX IR -> Torch backend IR -> StableHLO).
@@ -11,6 +11,7 @@ that did not legalize, which the partitioner uses to shrink the island.
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
 from typing import Optional
 
@@ -36,7 +37,10 @@ _OP_IN_DIAGNOSTIC = re.compile(r"""name = "torch\.(aten\.[\w.]+)"|'torch\.(aten\
 class LoweredModule:
     """StableHLO for one island plus what the runtime needs to call it."""
 
-    text: str
+    module: bytes
+    """MLIR bytecode: smaller and faster to parse than text, and what PJRT's
+    ``compile_and_load`` takes as well as text."""
+    input_specs: list[TensorSpec]
     output_specs: list[TensorSpec]
 
 
@@ -81,23 +85,30 @@ def _run_pipeline(module, pipeline: str, stage: str) -> None:
 
 def _tensor_spec(value: object) -> TensorSpec:
     if not isinstance(value, torch.Tensor):
-        raise LoweringError(f"island output {value!r} is not a tensor")
+        raise LoweringError(f"island value {value!r} is not a tensor")
     return TensorSpec(tuple(int(s) for s in value.shape), value.dtype)
 
 
+def graph_specs(gm: torch.fx.GraphModule) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Input and output shapes/dtypes of an island, from the FX metadata."""
+    inputs = [_tensor_spec(n.meta.get("val")) for n in gm.graph.find_nodes(op="placeholder")]
+    outputs = gm.graph.output_node().args[0]
+    if isinstance(outputs, torch.fx.Node):
+        outputs = (outputs,)
+    return inputs, [_tensor_spec(node.meta.get("val")) for node in outputs]
+
+
 def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredModule:
-    """StableHLO text for ``gm``, whose placeholders and outputs are tensors."""
+    """StableHLO bytecode for ``gm``, whose placeholders and outputs are tensors."""
     from torch_mlir import fx as torch_mlir_fx
 
     module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
     _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR")
     _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
-    output_node = gm.graph.output_node()
-    outputs = output_node.args[0]
-    if isinstance(outputs, torch.fx.Node):
-        outputs = (outputs,)
-    output_specs = [_tensor_spec(node.meta.get("val")) for node in outputs]
-    return LoweredModule(text=module.operation.get_asm(), output_specs=output_specs)
+    input_specs, output_specs = graph_specs(gm)
+    bytecode = io.BytesIO()
+    module.operation.write_bytecode(bytecode)
+    return LoweredModule(bytecode.getvalue(), input_specs, output_specs)
 
 
 def first_failed_op(error: IslandLoweringError) -> Optional[str]:

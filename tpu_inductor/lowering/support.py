@@ -116,13 +116,17 @@ class SupportTable:
 
     @staticmethod
     def signature(node: torch.fx.Node) -> str:
-        """``aten.i0(float32)``: an op and its tensor input dtypes, the unit of learning."""
-        dtypes = [
-            str(t.dtype).removeprefix("torch.")
+        """``aten.i0(float32[2])``: an op with its tensor inputs' dtypes and ranks.
+
+        The unit of learning: what fails for a 1-d convolution backward says
+        nothing about the 2-d one, so rank is part of it.
+        """
+        inputs = [
+            f"{str(t.dtype).removeprefix('torch.')}[{t.dim()}]"
             for a in node.all_input_nodes
             for t in _tensors(a.meta.get("val"))
         ]
-        return f"{op_key(node.target)}({','.join(dtypes)})"
+        return f"{op_key(node.target)}({','.join(inputs)})"
 
     def learn(self, signature: str, reason: str) -> None:
         """Remember that ``signature`` failed to lower, here and for later processes."""

@@ -44,6 +44,42 @@ def _shift_by_tensor(tensor_op):
     return shift
 
 
+def _conv1d_backward_as_2d(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    transposed, output_padding, groups, output_mask,
+):
+    """1-d ``convolution_backward`` as the 2-d one on a unit height.
+
+    torch-mlir lowers the 2-d backward but not the 1-d one; a ``[N, C, W]``
+    convolution is exactly a ``[N, C, 1, W]`` one with a ``1 x k`` kernel.
+    """
+    if input.dim() != 3:
+        return NotImplemented
+    grad_input, grad_weight, grad_bias = aten.convolution_backward.default(
+        grad_output.unsqueeze(2), input.unsqueeze(2), weight.unsqueeze(2), bias_sizes,
+        [1, *stride], [0, *padding], [1, *dilation], transposed, [0, *output_padding],
+        groups, output_mask,
+    )
+    return (
+        None if grad_input is None else grad_input.squeeze(2),
+        None if grad_weight is None else grad_weight.squeeze(2),
+        grad_bias,
+    )
+
+
+def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """``max_pool2d(x, 2)`` records ``stride=[]`` (meaning: the kernel size).
+
+    torch-mlir reads the empty stride as 1 when the indices output is used
+    (training), and the lowering then fails; spell the stride out.
+    """
+    if stride:
+        return NotImplemented
+    return aten.max_pool2d_with_indices.default(
+        x, kernel_size, kernel_size, padding, dilation, ceil_mode
+    )
+
+
 # Decompositions of our own: each fixes a wrong lowering or fills a gap.
 _OURS: dict = {
     aten.remainder.Tensor: _python_remainder,
@@ -52,6 +88,13 @@ _OURS: dict = {
     aten.__rshift__.Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
     aten.bitwise_left_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
+    aten.convolution_backward.default: _conv1d_backward_as_2d,
+    aten.max_pool2d_with_indices.default: _max_pool2d_default_stride,
+    # torch-mlir cannot lower the pooling backward; PyTorch's decomposition
+    # (a scatter_add of the gradients at the argmax indices) lowers exactly.
+    aten.max_pool2d_with_indices_backward.default: torch._decomp.decomposition_table[
+        aten.max_pool2d_with_indices_backward.default
+    ],
 }
 
 

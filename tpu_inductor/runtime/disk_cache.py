@@ -75,15 +75,16 @@ def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            _write_file(handle, data)
+            _write_file(path, handle, data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _write_file(handle: Any, data: bytes) -> None:
-    """Every byte the cache writes goes through here (tests kill the process in it)."""
+def _write_file(path: Path, handle: Any, data: bytes) -> None:
+    """Every byte the cache writes goes through here, bound for ``path`` (tests
+    make it fail, or kill the process in it)."""
     handle.write(data)
 
 
@@ -200,6 +201,8 @@ class DiskCache:
         try:
             manifest = self._read_manifest(entry)
         except FileNotFoundError:
+            if entry.is_dir():  # published entries always have one: this one is broken
+                return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, "manifest is missing"))
             return Lookup(reason=self._miss_reason(kind, key))
         except NotADirectoryError:
             return Lookup(reason=NO_ENTRY)
@@ -212,6 +215,8 @@ class DiskCache:
             self._check_parts(manifest, key)
             files = self._read_files(entry, manifest)
             value = decode(files)
+            saves_seconds = float(manifest.get("saves_seconds", 0.0))
+            hits = int(manifest.get("hits", 0))
         except _CorruptEntry as exc:
             return self._evict_corrupt(entry, exc)
         except FileNotFoundError:
@@ -220,8 +225,8 @@ class DiskCache:
             return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, "a file is missing"))
         except Exception as exc:  # decode failed: the bytes are not what they claim
             return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, f"cannot be loaded: {exc}"))
-        self._touch(entry, manifest)
-        return Lookup(value=value, saves_seconds=float(manifest.get("saves_seconds", 0.0)))
+        self._touch(entry, {**manifest, "hits": hits + 1, "last_used": _now_iso()})
+        return Lookup(value=value, saves_seconds=saves_seconds)
 
     def _read_manifest(self, entry: Path) -> dict[str, Any]:
         raw = (entry / MANIFEST).read_bytes()
@@ -291,8 +296,6 @@ class DiskCache:
         """Record the hit for LRU and ``cache info``; losing it is harmless."""
         if str(self.root) in _unwritable:
             return
-        manifest["last_used"] = _now_iso()
-        manifest["hits"] = int(manifest.get("hits", 0)) + 1
         try:
             _atomic_write(entry / MANIFEST, json.dumps(manifest, indent=1).encode())
         except OSError as exc:
@@ -416,6 +419,9 @@ class DiskCache:
     def _entry_info(kind: str, path: Path) -> EntryInfo:
         size = 0
         for child in DiskCache._children(path):
+            if child.name.startswith("."):  # a manifest update killed mid-write
+                DiskCache._remove_if_stale(child)
+                continue
             try:
                 size += child.stat().st_size
             except OSError:
@@ -437,8 +443,12 @@ class DiskCache:
     @staticmethod
     def _remove_if_stale(path: Path) -> None:
         try:
-            if time.time() - path.stat().st_mtime > STALE_TEMP_SECONDS:
+            if time.time() - path.stat().st_mtime <= STALE_TEMP_SECONDS:
+                return
+            if path.is_dir():
                 DiskCache._remove(path)
+            else:
+                path.unlink()
         except OSError:
             pass
 

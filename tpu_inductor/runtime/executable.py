@@ -1,8 +1,12 @@
 """Compile StableHLO with PJRT and run it on torch tensors.
 
 Compiled executables are shared through a process-wide memory cache and the
-on-disk cache, both keyed by the StableHLO text, the platform and device kind,
-and the versions of every component that shapes the result.
+on-disk cache (:mod:`tpu_inductor.runtime.disk_cache`). The key covers
+everything that changes the compiled code, because a stale hit is a wrong
+result: the StableHLO bytes and input avals, platform, device kind and
+runtime version, the compile options and ``XLA_FLAGS``, and the versions of
+torch, torch-mlir, jaxlib, libtpu and tpu_inductor (plus a digest of the
+lowering and runtime source, so editing that code never reuses stale output).
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ import functools
 import hashlib
 import logging
 import time
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from jaxlib import _jax
 
+from tpu_inductor import report
 from tpu_inductor.runtime import transfer
-from tpu_inductor.runtime.disk_cache import ExecutableDiskCache
+from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache, Lookup
 from tpu_inductor.runtime.platform import Platform
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,36 @@ def component_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[dist] = "absent"
     return versions
+
+
+# The source that turns a cached input into a cached output. support.py only
+# decides which ops reach an island, and the island itself is in the graph key;
+# leaving it (and the passes, partitioner, report...) out keeps edits there
+# from turning every developer's cache cold.
+_KEYED_SOURCE = ("lowering/*.py", "runtime/executable.py", "runtime/platform.py", "runtime/disk_cache.py")
+_UNKEYED_SOURCE = ("lowering/support.py",)
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A digest of the package source that produces cached artifacts.
+
+    An editable install keeps its version while its lowering code changes;
+    without this a developer's cache would return what the old code compiled.
+    """
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parent.parent
+    paths = {p for pattern in _KEYED_SOURCE for p in package.glob(pattern)}
+    paths -= {package / name for name in _UNKEYED_SOURCE}
+    for path in sorted(paths):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def key_versions() -> dict[str, str]:
+    """The ``versions`` group of every cache key."""
+    return {**component_versions(), "tpu_inductor source": _source_digest()}
 
 
 @dataclasses.dataclass
@@ -96,53 +132,108 @@ class DeviceExecutable:
 _memory_cache: dict[str, Any] = {}
 
 
-def _cache_key(module_text: str, platform: Platform) -> str:
-    digest = hashlib.sha256()
-    for part in (
-        module_text,
-        platform.name,
-        platform.device_kind,
-        platform.version,
-        repr(sorted(component_versions().items())),
-    ):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:32]
+def clear_memory_cache() -> None:
+    """Forget executables compiled in this process (the disk cache is untouched)."""
+    _memory_cache.clear()
+
+
+@functools.cache
+def _compile_options() -> tuple[Any, str]:
+    """The options every executable is compiled with, and their digest for keys."""
+    options = _jax.CompileOptions()
+    return options, hashlib.sha256(options.SerializeAsString()).hexdigest()[:16]
+
+
+def aval(spec: TensorSpec) -> str:
+    """``f32[4,64]``-style text for a manifest: readable and exact."""
+    return f"{str(spec.dtype).removeprefix('torch.')}[{','.join(map(str, spec.shape))}]"
+
+
+def executable_key(
+    module: Union[bytes, str],
+    input_specs: Sequence[TensorSpec],
+    platform: Platform,
+    xla_flags: str = "",
+) -> CacheKey:
+    """Everything that shapes the executable, grouped so a miss can say what changed."""
+    data = module.encode() if isinstance(module, str) else module
+    return CacheKey(
+        identity={
+            "stablehlo_sha256": hashlib.sha256(data).hexdigest(),
+            "input_avals": [aval(s) for s in input_specs],
+        },
+        environment={
+            "platform": {
+                "platform": platform.name,
+                "device_kind": platform.device_kind,
+                "platform_version": platform.version,
+            },
+            "options": {"compile_options_sha256": _compile_options()[1], "xla_flags": xla_flags},
+            "versions": key_versions(),
+        },
+    )
 
 
 def compile_stablehlo(
-    module_text: str,
+    module: Union[bytes, str],
     platform: Platform,
-    disk_cache: Optional[ExecutableDiskCache],
+    disk_cache: Optional[DiskCache],
+    *,
+    input_specs: Sequence[TensorSpec] = (),
+    xla_flags: str = "",
 ) -> tuple[Any, CompileStats]:
-    """A loaded executable for ``module_text``: from memory, disk, or XLA."""
+    """A loaded executable for ``module`` (StableHLO bytecode or text): from memory,
+    disk, or XLA. ``input_specs`` and ``xla_flags`` (``Config.xla_flags``) go into
+    the cache key."""
     started = time.perf_counter()
-    key = _cache_key(module_text, platform)
+    key = executable_key(module, input_specs, platform, xla_flags)
+    digest = key.digest
     devices = _jax.DeviceList((platform.device,))
-    loaded = _memory_cache.get(key)
+    loaded = _memory_cache.get(digest)
     source = "memory"
     if loaded is None and disk_cache is not None:
-        loaded = disk_cache.load(
-            key, lambda blob: platform.client.deserialize_executable(blob, devices)
+        lookup = disk_cache.load(
+            "executables",
+            key,
+            lambda files: platform.client.deserialize_executable(files["executable.bin"], devices),
         )
+        record_cache_event("executable", digest, lookup)
+        loaded = lookup.value
         source = "disk"
     if loaded is None:
         source = "xla"
-        loaded = platform.client.compile_and_load(module_text, devices, _jax.CompileOptions())
+        options, _ = _compile_options()
+        loaded = platform.client.compile_and_load(module, devices, options)
+        compile_seconds = time.perf_counter() - started
         if disk_cache is not None:
+            data = module.encode() if isinstance(module, str) else module
             disk_cache.store(
+                "executables",
                 key,
-                module_text,
-                platform.client.serialize_executable(loaded),
                 {
-                    "key": key,
-                    "platform": platform.name,
-                    "device_kind": platform.device_kind,
-                    "versions": component_versions(),
-                    "compile_seconds": time.perf_counter() - started,
+                    "module.mlirbc" if isinstance(module, bytes) else "module.mlir": data,
+                    "executable.bin": platform.client.serialize_executable(loaded),
                 },
+                saves_seconds=compile_seconds,
             )
-    _memory_cache[key] = loaded
-    stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=key)
-    log.debug("tpu_inductor: executable %s from %s in %.3fs", key, source, stats.seconds)
+    _memory_cache[digest] = loaded
+    stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest)
+    log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
     return loaded, stats
+
+
+def record_cache_event(level: str, key: str, lookup: Lookup) -> None:
+    """Put one disk-cache lookup in the report and the log."""
+    report.record_cache_event(
+        report.CacheEvent(
+            level=level,
+            key=key,
+            hit=lookup.hit,
+            reason=lookup.reason,
+            saves_seconds=lookup.saves_seconds,
+        )
+    )
+    if lookup.hit:
+        log.debug("tpu_inductor: %s cache hit %s (saves %.3fs)", level, key, lookup.saves_seconds)
+    else:
+        log.info("tpu_inductor: %s cache miss %s: %s", level, key, lookup.reason)

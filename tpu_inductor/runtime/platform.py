@@ -40,13 +40,29 @@ class Platform:
         return str(self.client.platform_version)
 
 
+def _make_cpu_client() -> Any:
+    """Our own CPU client, executing on the calling thread.
+
+    jax's shared client dispatches asynchronously: the computation ends on an
+    XLA worker thread, which then drops the DLPack references to the torch
+    inputs. Dropping one takes the GIL, and a worker that does so while Python
+    shuts down is killed mid-unwind (``terminate called without an active
+    exception``, about one run in six). Synchronous execution releases the
+    inputs on the caller's thread, under the GIL, before the call returns;
+    callers wait for the outputs anyway, and tiny graphs skip a thread handoff.
+    """
+    from jaxlib import xla_client
+
+    return xla_client.make_cpu_client(asynchronous=False)
+
+
 @functools.cache
 def get_platform(name: str) -> Platform:
     """The PJRT client for ``name``; raises with an install hint when missing."""
     from jax._src import xla_bridge
 
     try:
-        client = xla_bridge.get_backend(name)
+        client = _make_cpu_client() if name == "cpu" else xla_bridge.get_backend(name)
     except RuntimeError as exc:
         raise PlatformUnavailableError(
             f"PJRT platform {name!r} is not available here ({exc}). "

@@ -1,0 +1,149 @@
+"""The graph level of the disk cache: ATen island -> StableHLO, skipping torch-mlir.
+
+Why: on a warm start the executable cache alone still pays for torch-mlir's
+import and pipelines (a third or more of a cold compile on CPU). Keyed on the
+ATen graph itself (every node's op, arguments and result metadata, the
+placeholders' shapes/dtypes/strides, the bytes of constant attributes) plus
+the component versions, an entry hands back the StableHLO bytecode directly;
+the executable level (:mod:`tpu_inductor.runtime.executable`) then maps that to
+a compiled executable.
+
+A graph we cannot fingerprint exactly (an argument whose ``repr`` is not its
+value, a fake or meta constant) is lowered without this level: a missed hit
+costs seconds, a wrong hit costs a wrong result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
+from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache
+from tpu_inductor.runtime.executable import aval, key_versions, record_cache_event
+
+MODULE_FILE = "module.mlirbc"
+
+
+@dataclasses.dataclass
+class LowerStats:
+    """What one :func:`lower_cached` call did, for the report."""
+
+    source: str  # "torch-mlir" or "disk"
+    seconds: float
+    key: Optional[str]
+
+
+class _NotFingerprintable(Exception):
+    pass
+
+
+def _tensor_digest(tensor: torch.Tensor) -> str:
+    if tensor.is_meta or isinstance(tensor, torch._subclasses.FakeTensor) or tensor.is_quantized:
+        raise _NotFingerprintable(f"constant {type(tensor).__name__} has no bytes to hash")
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()
+    return f"tensor({aval_of(tensor)},{tensor.stride()},{digest})"
+
+
+def aval_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}[{','.join(map(str, value.shape))}]"
+    return repr(value)
+
+
+def _meta(value: Any) -> str:
+    """A node's result metadata: what torch-mlir reads to type the IR."""
+    if isinstance(value, torch.Tensor):
+        return f"{aval_of(value)}{tuple(value.stride())}@{value.storage_offset()}:{value.device.type}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_meta(v) for v in value) + ")"
+    return repr(value)
+
+
+def _argument(value: Any) -> str:
+    if isinstance(value, torch.fx.Node):
+        return f"%{value.name}"
+    if isinstance(value, torch.Tensor):
+        return _tensor_digest(value)
+    if isinstance(value, (list, tuple)):
+        inner = ",".join(_argument(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k!r}:{_argument(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device,
+                          torch.layout, torch.memory_format, slice)):
+        return repr(value)
+    # Anything else might print the same for different values (or an address).
+    raise _NotFingerprintable(f"argument of type {type(value).__name__}")
+
+
+def _target(node: torch.fx.Node) -> str:
+    if node.op in ("call_function", "call_method"):
+        return torch.fx.node._get_qualified_name(node.target) if callable(node.target) else str(node.target)
+    return str(node.target)
+
+
+def fingerprint(gm: torch.fx.GraphModule) -> str:
+    """A digest of everything in ``gm`` that shapes its StableHLO."""
+    digest = hashlib.sha256()
+    for node in gm.graph.nodes:
+        line = [node.op, node.name, _target(node), _argument(node.args), _argument(node.kwargs)]
+        line.append(_meta(node.meta.get("val")))
+        if node.op == "get_attr":
+            attribute = getattr(gm, str(node.target))
+            if isinstance(attribute, torch.fx.GraphModule):
+                line.append(fingerprint(attribute))
+            elif isinstance(attribute, torch.Tensor):
+                line.append(_tensor_digest(attribute))
+            else:
+                raise _NotFingerprintable(f"attribute of type {type(attribute).__name__}")
+        elif node.op == "call_module":
+            raise _NotFingerprintable("call_module node")
+        digest.update("\x1f".join(line).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def graph_key(gm: torch.fx.GraphModule, name: str = "main") -> Optional[CacheKey]:
+    """The graph-level key of ``gm``, or None when it cannot be fingerprinted exactly."""
+    try:
+        digest = fingerprint(gm)
+        input_avals = [aval(s) for s in graph_specs(gm)[0]]
+    except _NotFingerprintable:
+        return None
+    return CacheKey(
+        identity={"aten_graph_sha256": digest, "input_avals": input_avals, "function": name},
+        environment={"versions": key_versions()},
+    )
+
+
+def lower_cached(
+    gm: torch.fx.GraphModule, disk_cache: Optional[DiskCache], name: str = "main"
+) -> tuple[LoweredModule, LowerStats]:
+    """StableHLO for ``gm``: from the graph cache, or lowered now and stored."""
+    started = time.perf_counter()
+    key = graph_key(gm, name) if disk_cache is not None else None
+    if key is not None:
+        lookup = disk_cache.load("graphs", key, lambda files: files[MODULE_FILE])
+        record_cache_event("graph", key.digest, lookup)
+        if lookup.hit:
+            input_specs, output_specs = graph_specs(gm)
+            lowered = LoweredModule(lookup.value, input_specs, output_specs)
+            return lowered, LowerStats("disk", time.perf_counter() - started, key.digest)
+    lowered = lower_to_stablehlo(gm, name=name)
+    seconds = time.perf_counter() - started
+    if key is not None:
+        disk_cache.store(
+            "graphs",
+            key,
+            {MODULE_FILE: lowered.module},
+            saves_seconds=seconds,
+            extra={"stablehlo_sha256": hashlib.sha256(lowered.module).hexdigest()},
+        )
+    return lowered, LowerStats("torch-mlir", seconds, key.digest if key else None)
