@@ -30,6 +30,17 @@ from tpu_inductor.runtime import disk_cache, executable
 from tpu_inductor.runtime.disk_cache import DiskCache
 
 
+# Keys include a digest of the lowering/runtime source, so that edits never reuse
+# stale artifacts. Pin it here and in the child processes: a colleague saving a
+# file mid-run must not turn this file's warm runs cold.
+SOURCE_DIGEST = "pinned-for-tests"
+
+
+@pytest.fixture(autouse=True)
+def pinned_source_digest(monkeypatch):
+    monkeypatch.setattr(executable, "_source_digest", lambda: SOURCE_DIGEST)
+
+
 def graph(x):
     return (x.sin() * 2 + x.cos()).sum(-1)
 
@@ -90,6 +101,7 @@ def test_warm_run_skips_lowering_and_compiling(tmp_path):
     assert parts["platform"]["platform"] == "cpu" and parts["platform"]["device_kind"]
     assert set(parts["options"]) == {"compile_options_sha256", "xla_flags"}
     assert {"torch", "torch-mlir", "jaxlib", "libtpu", "tpu_inductor"} <= set(parts["versions"])
+    assert parts["versions"]["tpu_inductor source"] == SOURCE_DIGEST
     assert manifest["files"]["executable.bin"]["bytes"] == (exe_entry / "executable.bin").stat().st_size
     assert manifest["saves_seconds"] > 0 and manifest["hits"] == 0
     assert manifest["created"] == manifest["last_used"]
@@ -285,9 +297,10 @@ def test_cli_info_prune_clear(tmp_path, capsys):
 CHILD = """
 import json, os, signal, sys, time, torch
 from pathlib import Path
-from tpu_inductor.runtime import disk_cache
+from tpu_inductor.runtime import disk_cache, executable
 import tpu_inductor.report as report
 
+executable._source_digest = lambda: "pinned-for-tests"
 cache_dir, rows, mode, arg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 published = []
 if mode == "kill":
@@ -396,3 +409,29 @@ def test_cache_settings():
         Config.load({"xla_flags": "--xla_foo"}, environ={})
     with pytest.raises(ValueError, match="TPU_INDUCTOR_CACHE_MAX_BYTES: not a size"):
         Config.load({}, environ={"TPU_INDUCTOR_CACHE_MAX_BYTES": "lots"})
+
+
+def test_graph_key_covers_constant_attributes_and_input_metadata():
+    from tpu_inductor.lowering.cache import graph_key
+
+    class WithConstant(torch.nn.Module):
+        def __init__(self, value: float) -> None:
+            super().__init__()
+            self.register_buffer("c", torch.full((8,), value))
+
+        def forward(self, x):
+            return (x + self.c).sin()
+
+    def traced(value: float, x: torch.Tensor) -> torch.fx.GraphModule:
+        gm = torch.fx.symbolic_trace(WithConstant(value))
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                node.meta["val"] = x
+        return gm
+
+    x = torch.randn(4, 8)
+    key = graph_key(traced(1.0, x)).digest
+    assert graph_key(traced(1.0, x.clone())).digest == key  # values of inputs do not matter
+    assert graph_key(traced(2.0, x)).digest != key  # constant bytes do
+    assert graph_key(traced(1.0, x.t().contiguous().t())).digest != key  # strides do
+    assert graph_key(traced(1.0, x.double())).digest != key  # dtypes do

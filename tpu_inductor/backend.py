@@ -16,8 +16,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from tpu_inductor import report
 from tpu_inductor.compiled_graph import CompileContext, compile_graph
 from tpu_inductor.config import Config
+from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.passes.decompositions import decomposition_table
 
 
@@ -28,6 +30,8 @@ def tpu_backend(
 ) -> Callable[..., Any]:
     """Compile one Dynamo graph; ``options`` come from ``torch.compile(options=...)``."""
     context = CompileContext.create(Config.load(options))
+    dims = dynamic_dims(gm)
+    report.record_trace(dims, recompile_reason())
 
     def compiler(kind: str):
         return functools.partial(_compile_aten, kind=kind, context=context)
@@ -36,10 +40,21 @@ def tpu_backend(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=decomposition_table(),
+        # With dynamic shapes, inference keeps attention whole for the padding
+        # analysis (passes/padding_safety.py), which decomposes it right after.
+        decompositions=decomposition_table(
+            keep_attention=bool(dims) and not _needs_grad(example_inputs)
+        ),
     )
     with _attention_for_autograd(example_inputs):
         return trace(gm, example_inputs)
+
+
+def _needs_grad(example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd will trace a backward (as it decides it)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
 
 
 def _attention_for_autograd(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager:
@@ -53,10 +68,7 @@ def _attention_for_autograd(example_inputs: Sequence[Any]) -> contextlib.Abstrac
     backend decomposes SDPA above autograd, so forward and backward are
     ordinary ops that lower.
     """
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
-    )
-    if not needs_grad:
+    if not _needs_grad(example_inputs):
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from tpu_inductor.config import Config, parse_size
+from tpu_inductor.errors import ConfigError
 from tpu_inductor.runtime.disk_cache import KINDS, DiskCache
 
 
@@ -38,7 +39,7 @@ def _open_cache(args: argparse.Namespace) -> DiskCache:
 
 def _cache_info(args: argparse.Namespace) -> int:
     cache = _open_cache(args)
-    entries = cache.entries()
+    entries = cache.entries(remove_stale=False)  # info only looks
     by_kind = {kind: [e for e in entries if e.kind == kind] for kind in KINDS}
     info = {
         "location": str(cache.root),
@@ -62,7 +63,7 @@ def _cache_info(args: argparse.Namespace) -> int:
     )
     print(f"size:        {_format_size(info['bytes'])} of {_format_size(info['max_bytes'])} cap")
     print(f"hits:        {info['hits']} (since each entry was created)")
-    print(f"saves:       {info['saves_seconds']:.2f} s of lowering + compiling per warm start of everything in it")
+    print(f"saves:       {info['saves_seconds']:.2f} s of lowering and compiling when each entry is used once")
     if info["unreadable"] or info["incomplete_writes"]:
         print(
             f"damaged:     {info['unreadable']} unreadable entries, {info['incomplete_writes']} "
@@ -112,7 +113,9 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:
     info = actions.add_parser("info", parents=[common], help="location, entries, size, hits")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(handler=_cache_info)
-    clear = actions.add_parser("clear", parents=[common], help="remove every entry")
+    clear = actions.add_parser(
+        "clear", parents=[common], help="remove every entry (and the learned-unsupported-op files)"
+    )
     clear.set_defaults(handler=_cache_clear)
     prune = actions.add_parser(
         "prune", parents=[common], help="evict least-recently-used entries down to a size"
@@ -137,8 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ConfigError as exc:  # a bad TPU_INDUCTOR_* variable: say which, no traceback
+        parser.exit(2, f"tpu-inductor: {exc}\n")
 
 
 if __name__ == "__main__":

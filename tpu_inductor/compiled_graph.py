@@ -22,13 +22,13 @@ import torch.fx
 
 from tpu_inductor import report
 from tpu_inductor.config import Config
+from tpu_inductor.dynamic import has_symbolic_inputs
 from tpu_inductor.errors import LoweringError, UnsupportedOpError, describe_node, user_source_line
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.stablehlo import IslandLoweringError, lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable, op_key
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands
-from tpu_inductor.passes.specialize import has_symbolic_inputs, specialize
 from tpu_inductor.runtime import DeviceExecutable, Platform, compile_stablehlo, get_platform
 from tpu_inductor.runtime.disk_cache import DiskCache
 from tpu_inductor.runtime.executable import component_versions
@@ -96,40 +96,14 @@ class _BoxedGraph:
         return self.module(*module_args)
 
 
-class ShapeSpecializedGraph:
-    """A graph with symbolic shapes, compiled once per concrete input signature."""
-
-    def __init__(self, gm: torch.fx.GraphModule, kind: str, context: CompileContext) -> None:
-        self._boxed_call = True  # see _BoxedGraph
-        self.gm = gm
-        self.kind = kind
-        self.context = context
-        self.variants: dict[tuple, torch.fx.GraphModule] = {}
-
-    def __call__(self, args: list[Any]) -> Any:
-        call_args = list(args)
-        args.clear()
-        signature = _signature(call_args)
-        module = self.variants.get(signature)
-        if module is None:
-            static = specialize(self.gm, call_args)
-            module = build_compiled_graph(static, self.kind, self.context)
-            self.variants[signature] = module
-        return module(*call_args)
-
-
-def _signature(args: Sequence[Any]) -> tuple:
-    return tuple(
-        (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args
-    )
-
-
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, context: CompileContext
 ):
     """The AOTAutograd compiler entry: a boxed callable for ``gm``."""
     if has_symbolic_inputs(example_inputs):
-        return ShapeSpecializedGraph(gm, kind, context)
+        from tpu_inductor.dynamic.graph import DynamicShapeGraph
+
+        return DynamicShapeGraph(gm, example_inputs, kind, context)
     return _BoxedGraph(build_compiled_graph(gm, kind, context))
 
 

@@ -64,10 +64,32 @@ class Config:
     ``$XDG_CACHE_HOME/tpu_inductor`` (``~/.cache/tpu_inductor``).
     Env: ``TPU_INDUCTOR_CACHE_DIR``."""
 
-    cache_max_bytes: int = 2 * 1024**3
+    cache_max_bytes: int = dataclasses.field(default=2 * 1024**3, metadata={"kind": "size"})
     """Size cap of ``cache_dir``; past it the least-recently-used entries are
     evicted. Bytes or a size such as ``500M`` / ``2GiB``.
     Env: ``TPU_INDUCTOR_CACHE_MAX_BYTES``."""
+
+    bucket_sizes: tuple[int, ...] = ()
+    """Sizes a dynamic dim is padded up to (e.g. ``(16, 64, 256)``); empty means
+    powers of two, or multiples of ``bucket_step``. A dim is padded only where
+    shape analysis proves padding cannot change the real results.
+    Env: ``TPU_INDUCTOR_BUCKET_SIZES`` (comma-separated)."""
+
+    bucket_step: Optional[int] = dataclasses.field(default=None, metadata={"kind": "count"})
+    """Pad dynamic dims to multiples of this instead of powers of two.
+    Env: ``TPU_INDUCTOR_BUCKET_STEP``."""
+
+    bucket_min: int = dataclasses.field(default=1, metadata={"kind": "count"})
+    """Smallest bucket: smaller sizes are padded up to it. Env: ``TPU_INDUCTOR_BUCKET_MIN``."""
+
+    bucket_max: Optional[int] = dataclasses.field(default=None, metadata={"kind": "count"})
+    """Largest bucket: bigger sizes compile at their exact size.
+    Env: ``TPU_INDUCTOR_BUCKET_MAX``."""
+
+    recompile_budget: int = dataclasses.field(default=8, metadata={"kind": "count"})
+    """Executables (one per bucket of shapes) a graph with dynamic shapes may
+    compile; past it, new shapes run in eager PyTorch with a warning (or raise
+    under ``strict``). Env: ``TPU_INDUCTOR_RECOMPILE_BUDGET``."""
 
     xla_flags: str = dataclasses.field(default="", metadata={"env": "XLA_FLAGS", "option": False})
     """The ``XLA_FLAGS`` environment value. XLA reads it itself when the PJRT
@@ -109,6 +131,7 @@ class Config:
                 continue
             values[field.name] = _coerce(field, raw, origin)
         config = cls(**values)
+        _check_buckets(config)
         if config.platform not in PLATFORMS:
             raise ConfigError(
                 f"platform {config.platform!r} is not one of {', '.join(PLATFORMS)} "
@@ -129,7 +152,13 @@ def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
         if text in _FALSE:
             return False
         raise ConfigError(f"{origin} must be a boolean (1/0, true/false), got {raw!r}")
-    if kind == "int":
+    if kind == "tuple[int, ...]":
+        return _count_list(raw, origin)
+    if field.metadata.get("kind") == "count":
+        if raw is None or (kind.startswith("Optional") and str(raw).strip().lower() in ("", "none")):
+            return None
+        return _count(raw, origin)
+    if field.metadata.get("kind") == "size":
         try:
             return parse_size(raw)
         except ValueError as exc:
@@ -137,3 +166,39 @@ def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
     if raw is None:
         return None
     return str(raw)
+
+
+def _count(raw: Any, origin: str) -> int:
+    """A non-negative integer from an int or a decimal string."""
+    if isinstance(raw, bool):
+        raise ConfigError(f"{origin} must be a non-negative integer, got {raw!r}")
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise ConfigError(f"{origin} must be a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{origin} must be a non-negative integer, got {raw!r}")
+    return value
+
+
+def _count_list(raw: Any, origin: str) -> tuple[int, ...]:
+    """Sorted positive sizes from a list/tuple of ints or a string like ``"16,64,256"``."""
+    if isinstance(raw, str):
+        items: Any = [part for part in re.split(r"[,\s]+", raw.strip()) if part]
+    elif isinstance(raw, (list, tuple)):
+        items = raw
+    else:
+        raise ConfigError(f"{origin} must be a list of sizes such as [16, 64, 256], got {raw!r}")
+    sizes = sorted({_count(item, origin) for item in items})
+    if sizes and sizes[0] == 0:
+        raise ConfigError(f"{origin}: bucket sizes must be positive, got {raw!r}")
+    return tuple(sizes)
+
+
+def _check_buckets(config: "Config") -> None:
+    if config.bucket_step == 0:
+        raise ConfigError("bucket_step must be positive (or unset for powers of two)")
+    if config.bucket_max is not None and config.bucket_max < max(config.bucket_min, 1):
+        raise ConfigError(
+            f"bucket_max ({config.bucket_max}) is smaller than bucket_min ({config.bucket_min})"
+        )

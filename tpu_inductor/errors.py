@@ -28,6 +28,14 @@ class LoweringError(TpuInductorError):
     """torch-mlir or XLA rejected a graph that the support table accepted."""
 
 
+class RecompileBudgetError(TpuInductorError):
+    """A dynamic graph needs more executables than ``recompile_budget`` and ``strict`` is on."""
+
+
+class RecompileBudgetWarning(UserWarning):
+    """A dynamic graph spent its ``recompile_budget``; new shapes run eagerly."""
+
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import operator
 import time
 from typing import Any, Optional
 
@@ -25,7 +27,9 @@ import torch.fx
 
 from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
 from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache
-from tpu_inductor.runtime.executable import aval, key_versions, record_cache_event
+from tpu_inductor.runtime.executable import key_versions, record_cache_event
+
+log = logging.getLogger(__name__)
 
 MODULE_FILE = "module.mlirbc"
 
@@ -96,7 +100,7 @@ def fingerprint(gm: torch.fx.GraphModule) -> str:
         line = [node.op, node.name, _target(node), _argument(node.args), _argument(node.kwargs)]
         line.append(_meta(node.meta.get("val")))
         if node.op == "get_attr":
-            attribute = getattr(gm, str(node.target))
+            attribute = operator.attrgetter(str(node.target))(gm)  # targets may be dotted
             if isinstance(attribute, torch.fx.GraphModule):
                 line.append(fingerprint(attribute))
             elif isinstance(attribute, torch.Tensor):
@@ -114,9 +118,13 @@ def graph_key(gm: torch.fx.GraphModule, name: str = "main") -> Optional[CacheKey
     """The graph-level key of ``gm``, or None when it cannot be fingerprinted exactly."""
     try:
         digest = fingerprint(gm)
-        input_avals = [aval(s) for s in graph_specs(gm)[0]]
-    except _NotFingerprintable:
+    except _NotFingerprintable as exc:
+        log.debug("tpu_inductor: lowering without the graph cache: %s", exc)
         return None
+    except Exception as exc:  # an odd value must not fail the island (it would be "learned")
+        log.debug("tpu_inductor: cannot fingerprint the graph (%r); lowering without the graph cache", exc)
+        return None
+    input_avals = [aval_of(n.meta.get("val")) for n in gm.graph.find_nodes(op="placeholder")]
     return CacheKey(
         identity={"aten_graph_sha256": digest, "input_avals": input_avals, "function": name},
         environment={"versions": key_versions()},

@@ -153,9 +153,11 @@ class SupportTable:
         if not isinstance(node.target, torch._ops.OpOverload):
             return f"Python callable {op_key(node.target)} is not an ATen op"
         key = op_key(node.target)
-        for value in [node.meta.get("val")] + [
-            a.meta.get("val") for a in node.all_input_nodes
-        ]:
+        # Sizes of a graph with dynamic shapes (view(x, [s0, 4])) lower as scalar
+        # arguments that shape refinement turns into constants.
+        inputs = [a.meta.get("val") for a in node.all_input_nodes]
+        inputs = [v for v in inputs if not isinstance(v, (torch.SymInt, torch.SymFloat))]
+        for value in [node.meta.get("val")] + inputs:
             if value is not None and not isinstance(value, (torch.Tensor, list, tuple)):
                 return f"takes or produces a non-tensor value ({type(value).__name__})"
             for tensor in _tensors(value):

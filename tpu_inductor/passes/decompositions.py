@@ -98,10 +98,21 @@ _OURS: dict = {
 }
 
 
+# Attention ops a graph with dynamic shapes keeps whole through tracing, so the
+# padding analysis sees ``is_causal`` (passes/padding_safety.py); they are
+# decomposed right after it (passes/attention.py).
+ATTENTION_OPS = frozenset(
+    {aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default}
+)
+
+
 @functools.cache
-def decomposition_table() -> dict[torch._ops.OperatorBase, Callable]:
+def decomposition_table(keep_attention: bool = False) -> dict[torch._ops.OperatorBase, Callable]:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    if keep_attention:
+        for op in ATTENTION_OPS:
+            table.pop(op, None)
     return table

@@ -361,15 +361,17 @@ class DiskCache:
 
     # -- maintenance (LRU, CLI) ----------------------------------------------------
 
-    def entries(self) -> list[EntryInfo]:
-        """Every published entry; removes temporary directories of dead writers."""
+    def entries(self, remove_stale: bool = True) -> list[EntryInfo]:
+        """Every published entry; by default also removes what dead writers left
+        (temporary files and directories older than ``STALE_TEMP_SECONDS``)."""
         found = []
         for kind in KINDS:
             for path in self._children(self.root / kind):
                 if path.name.startswith("."):
-                    self._remove_if_stale(path)
+                    if remove_stale:
+                        self._remove_if_stale(path)
                     continue
-                found.append(self._entry_info(kind, path))
+                found.append(self._entry_info(kind, path, remove_stale))
         return found
 
     def incomplete_writes(self) -> int:
@@ -416,11 +418,12 @@ class DiskCache:
             return
 
     @staticmethod
-    def _entry_info(kind: str, path: Path) -> EntryInfo:
+    def _entry_info(kind: str, path: Path, remove_stale: bool) -> EntryInfo:
         size = 0
         for child in DiskCache._children(path):
             if child.name.startswith("."):  # a manifest update killed mid-write
-                DiskCache._remove_if_stale(child)
+                if remove_stale:
+                    DiskCache._remove_if_stale(child)
                 continue
             try:
                 size += child.stat().st_size

@@ -137,15 +137,18 @@ def clear_memory_cache() -> None:
     _memory_cache.clear()
 
 
+def _compile_options() -> Any:
+    """The options every executable is compiled with (XLA's defaults)."""
+    return _jax.CompileOptions()
+
+
 @functools.cache
-def _compile_options() -> tuple[Any, str]:
-    """The options every executable is compiled with, and their digest for keys."""
-    options = _jax.CompileOptions()
-    return options, hashlib.sha256(options.SerializeAsString()).hexdigest()[:16]
+def _compile_options_digest() -> str:
+    return hashlib.sha256(_compile_options().SerializeAsString()).hexdigest()[:16]
 
 
 def aval(spec: TensorSpec) -> str:
-    """``f32[4,64]``-style text for a manifest: readable and exact."""
+    """``float32[4,64]``: an input aval as a manifest shows it."""
     return f"{str(spec.dtype).removeprefix('torch.')}[{','.join(map(str, spec.shape))}]"
 
 
@@ -168,7 +171,7 @@ def executable_key(
                 "device_kind": platform.device_kind,
                 "platform_version": platform.version,
             },
-            "options": {"compile_options_sha256": _compile_options()[1], "xla_flags": xla_flags},
+            "options": {"compile_options_sha256": _compile_options_digest(), "xla_flags": xla_flags},
             "versions": key_versions(),
         },
     )
@@ -202,24 +205,34 @@ def compile_stablehlo(
         source = "disk"
     if loaded is None:
         source = "xla"
-        options, _ = _compile_options()
-        loaded = platform.client.compile_and_load(module, devices, options)
-        compile_seconds = time.perf_counter() - started
+        compile_started = time.perf_counter()
+        loaded = platform.client.compile_and_load(module, devices, _compile_options())
         if disk_cache is not None:
-            data = module.encode() if isinstance(module, str) else module
-            disk_cache.store(
-                "executables",
-                key,
-                {
-                    "module.mlirbc" if isinstance(module, bytes) else "module.mlir": data,
-                    "executable.bin": platform.client.serialize_executable(loaded),
-                },
-                saves_seconds=compile_seconds,
-            )
+            _store(disk_cache, key, module, loaded, platform, time.perf_counter() - compile_started)
     _memory_cache[digest] = loaded
     stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest)
     log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
     return loaded, stats
+
+
+def _store(
+    disk_cache: DiskCache,
+    key: CacheKey,
+    module: Union[bytes, str],
+    loaded: Any,
+    platform: Platform,
+    compile_seconds: float,
+) -> None:
+    try:
+        blob = platform.client.serialize_executable(loaded)
+    except Exception as exc:  # a plugin without serialization: run, just do not cache
+        log.info("tpu_inductor: %s cannot serialize executables (%s); not caching", platform.name, exc)
+        return
+    if isinstance(module, str):
+        files = {"module.mlir": module.encode()}
+    else:
+        files = {"module.mlirbc": module}
+    disk_cache.store("executables", key, {**files, "executable.bin": blob}, compile_seconds)
 
 
 def record_cache_event(level: str, key: str, lookup: Lookup) -> None:

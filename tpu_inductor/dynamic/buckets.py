@@ -1,0 +1,94 @@
+"""Bucket sizes: which static size a dynamic dim is padded up to.
+
+Why: one executable per distinct size is a recompile storm (64 batch sizes,
+64 XLA compiles). Padding to a few sizes bounds the compiles at the cost of
+some wasted work: powers of two waste at most half, a step at most one step.
+Only symbols the padding analysis proved safe are bucketed; the rest keep
+their exact value. A bucket must also be a size the traced graph is valid
+for: it may not exceed the analysis' upper bound (``pos_emb[:, :T]``) or
+break one of Dynamo's guards (``s0 <= 64``, ``Eq(Mod(s0, 4), 0)``); then the
+symbol compiles at its exact size for that call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+import sympy
+
+from tpu_inductor.config import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPolicy:
+    """How a padding-safe size is rounded up (from :class:`~tpu_inductor.config.Config`)."""
+
+    sizes: tuple[int, ...] = ()
+    step: Optional[int] = None
+    minimum: int = 1
+    maximum: Optional[int] = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> "BucketPolicy":
+        return cls(config.bucket_sizes, config.bucket_step, config.bucket_min, config.bucket_max)
+
+    def bucket(self, value: int, upper_bound: Optional[int] = None) -> int:
+        """The padded size for ``value`` (``value`` itself when no bucket fits)."""
+        if self.maximum is not None and value > self.maximum:
+            return value
+        if self.sizes:
+            bucket = next((s for s in self.sizes if s >= value), value)
+        elif self.step:
+            bucket = -(-value // self.step) * self.step
+        else:
+            bucket = 1 << max(value - 1, 0).bit_length()
+        bucket = max(bucket, self.minimum)
+        if self.maximum is not None:
+            bucket = min(bucket, self.maximum)
+        if upper_bound is not None:
+            bucket = min(bucket, upper_bound)
+        return max(bucket, value)
+
+
+def choose_buckets(
+    sizes: Mapping[sympy.Symbol, int],
+    safe: frozenset,
+    upper_bounds: Mapping[sympy.Symbol, int],
+    policy: BucketPolicy,
+    shape_env,
+) -> dict[sympy.Symbol, int]:
+    """Padded values for ``sizes``: bucketed where safe, exact elsewhere."""
+    padded = {
+        s: policy.bucket(v, _upper_bound(s, upper_bounds, shape_env)) if s in safe else v
+        for s, v in sizes.items()
+    }
+    if padded != dict(sizes) and not satisfies_guards(padded, shape_env):
+        return dict(sizes)
+    return padded
+
+
+def _upper_bound(symbol, upper_bounds: Mapping, shape_env) -> Optional[int]:
+    bounds = [upper_bounds[symbol]] if symbol in upper_bounds else []
+    value_range = getattr(shape_env, "var_to_range", {}).get(symbol) if shape_env else None
+    if value_range is not None and value_range.upper.is_Integer:
+        bounds.append(int(value_range.upper))
+    return min(bounds) if bounds else None
+
+
+def satisfies_guards(values: Mapping[sympy.Symbol, int], shape_env) -> bool:
+    """Whether Dynamo's guards on the traced graph hold for ``values``."""
+    if shape_env is None:
+        return True
+    substitution = {s: sympy.Integer(v) for s, v in values.items()}
+    for guard in getattr(shape_env, "guards", ()):
+        expr = guard.expr
+        if not expr.free_symbols <= substitution.keys():
+            continue
+        if not bool(expr.xreplace(substitution)):
+            return False
+    for symbol, value in values.items():
+        value_range = shape_env.var_to_range.get(symbol)
+        if value_range is not None and not (value_range.lower <= value <= value_range.upper):
+            return False
+    return True

@@ -1,0 +1,371 @@
+"""A graph with symbolic shapes: lowered once, compiled per bucket, under a budget.
+
+Why: XLA compiles static shapes, so a model called with changing sizes would
+re-trace and re-compile per size. Here the graph Dynamo and AOTAutograd
+traced symbolically is:
+
+1. analysed once for which symbols may be padded
+   (:mod:`~tpu_inductor.passes.padding_safety`), then its kept-whole attention
+   is decomposed (:mod:`~tpu_inductor.passes.attention`);
+2. partitioned and lowered to StableHLO once, with dynamic dims
+   (:mod:`~tpu_inductor.lowering.symbolic`);
+3. at each call, its symbols are read off the arguments and bucketed
+   (:mod:`.buckets`); a bucket seen before reuses its executables, a new one
+   refines and compiles every island for it (:mod:`.island`) and is recorded
+   in the report with the sizes that caused it;
+4. inputs are padded to the bucket and outputs sliced back (:mod:`.padding`).
+
+Past ``recompile_budget`` buckets, new ones run the ATen graph in eager
+PyTorch (results stay right, nothing is compiled), with one warning naming
+the dim that kept changing and the options that help; ``strict`` raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import warnings
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from tpu_inductor import report
+from tpu_inductor.dynamic import shape_env_of, symbol_source
+from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
+from tpu_inductor.dynamic.island import CallState, SymbolicIsland
+from tpu_inductor.dynamic.padding import ShapeBinding
+from tpu_inductor.errors import (
+    LoweringError,
+    RecompileBudgetError,
+    RecompileBudgetWarning,
+    UnsupportedOpError,
+    describe_node,
+    user_source_line,
+)
+from tpu_inductor.lowering.stablehlo import IslandLoweringError
+from tpu_inductor.lowering.support import op_key
+from tpu_inductor.lowering.symbolic import lower_symbolic
+from tpu_inductor.passes import run_passes
+from tpu_inductor.passes.attention import decompose_attention
+from tpu_inductor.passes.dense_empty import dense_empty
+from tpu_inductor.passes.padding_safety import analyze_padding
+from tpu_inductor.passes.partition import Island, fuse_islands, propose_islands
+
+if TYPE_CHECKING:
+    from tpu_inductor.compiled_graph import CompileContext
+
+log = logging.getLogger(__name__)
+
+
+class DynamicShapeGraph:
+    """AOTAutograd's callable for a graph with symbolic shapes (boxed calling convention)."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        kind: str,
+        context: "CompileContext",
+    ) -> None:
+        # An instance attribute, so wrappers made with functools.wraps keep it.
+        self._boxed_call = True
+        self.kind = kind
+        self.context = context
+        self.policy = BucketPolicy.from_config(context.config)
+        # The graph as traced, for calls past the budget (and nothing else).
+        self._eager = _copy_module(gm)
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        self.shape_env = shape_env_of([n.meta.get("val") for n in placeholders])
+
+        gm = run_passes(gm)
+        self.analysis = analyze_padding(gm)
+        gm, self._length_symbols = decompose_attention(gm, self.analysis.safe)
+        gm = dense_empty(gm)
+        outputs = gm.graph.output_node().args[0]
+        output_vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in outputs]
+        self.binding = ShapeBinding(placeholders, output_vals, self.analysis.safe)
+        self.symbols = self.binding.symbols
+
+        self.record = report.new_graph_record(
+            kind,
+            num_nodes=len(gm.graph.nodes),
+            input_shapes=[
+                tuple(str(s) for s in n.meta["val"].shape)
+                for n in placeholders
+                if isinstance(n.meta.get("val"), torch.Tensor)
+            ],
+        )
+        self.dynamic_record = report.DynamicGraphRecord(
+            graph_id=self.record.graph_id,
+            kind=kind,
+            padded={str(s): self._source(s) for s in self.symbols if s in self.analysis.safe},
+            exact={
+                str(s): self.analysis.unsafe.get(s, "not a dim")
+                for s in self.symbols
+                if s not in self.analysis.safe
+            },
+        )
+        report.record_dynamic_graph(self.dynamic_record)
+        for symbol, why in self.dynamic_record.exact.items():
+            log.info("tpu_inductor: %s compiles at exact sizes: %s", symbol, why)
+
+        self._state = CallState()
+        self._compiled: dict[tuple, dict[sympy.Symbol, int]] = {}
+        self._eager_keys: set[tuple] = set()
+        self._warned = False
+        hints = self._hints()
+        first = self._bucket(hints)
+        self.module, self.islands = self._lower(gm, self._key(first), first)
+        self._note_compiled(hints, first, cause="traced at these sizes")
+
+    # -- calls ---------------------------------------------------------------
+
+    def __call__(self, args: list[Any]) -> Any:
+        call_args = list(args)
+        args.clear()
+        sizes = self.binding.bind(call_args)
+        bucket = self._bucket(sizes)
+        key = self._key(bucket)
+        if key not in self._compiled and not self._specialise(key, bucket, sizes):
+            return self._eager(*call_args)
+        padded = self.binding.pad(call_args, bucket)
+        padded += [torch.tensor(sizes[s], dtype=torch.int64) for s in self._length_symbols]
+        self._state.key = key
+        outputs = self.module(*padded)
+        return self.binding.unpad(outputs, sizes)
+
+    def _specialise(self, key: tuple, bucket: dict, sizes: dict) -> bool:
+        """Compile the islands for a new bucket; False when it must run eagerly."""
+        budget = self.context.config.recompile_budget
+        if key in self._eager_keys:
+            return False
+        if len(self._compiled) >= budget:
+            self._over_budget(key, bucket, sizes, budget)
+            return False
+        try:
+            for island in self.islands:
+                island.prepare(key, bucket)
+        except Exception as exc:  # refinement / XLA refused this bucket only
+            if self.context.config.strict:
+                raise
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("tpu_inductor: running sizes %s eagerly: %s", self._label(sizes), why)
+            self._eager_keys.add(key)
+            self._record_recompile(sizes, bucket, "new sizes", f"eager: {why}")
+            return False
+        self._note_compiled(sizes, bucket, cause=self._cause(bucket))
+        return True
+
+    def _over_budget(self, key: tuple, bucket: dict, sizes: dict, budget: int) -> None:
+        changing = self._changing_symbols(bucket)
+        message = (
+            f"tpu_inductor: a {self.kind} graph reached its recompile budget of {budget} "
+            f"executables; {self._describe_changing(changing)} New sizes "
+            f"({self._label(sizes)}) now run in eager PyTorch. {self._advice(changing)}"
+        )
+        self._eager_keys.add(key)
+        self._record_recompile(sizes, bucket, self._cause(bucket), f"eager: recompile budget of {budget} reached")
+        if self.context.config.strict:
+            raise RecompileBudgetError(message + " (strict: set strict=False to run them eagerly)")
+        if not self._warned:
+            self._warned = True
+            log.warning("%s", message)
+            warnings.warn(message, RecompileBudgetWarning, stacklevel=2)
+
+    # -- buckets ---------------------------------------------------------------
+
+    def _hints(self) -> dict[sympy.Symbol, int]:
+        """The sizes the graph was traced at (the call that triggered the trace)."""
+        env = self.shape_env
+        values = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})
+        return {s: int(values[s]) for s in self.symbols if s in values}
+
+    def _bucket(self, sizes: dict[sympy.Symbol, int]) -> dict[sympy.Symbol, int]:
+        return choose_buckets(
+            sizes, self.analysis.safe, self.analysis.upper_bounds, self.policy, self.shape_env
+        )
+
+    def _key(self, bucket: dict[sympy.Symbol, int]) -> tuple:
+        return tuple(bucket.get(s) for s in self.symbols)
+
+    def _note_compiled(self, sizes: dict, bucket: dict, cause: str) -> None:
+        self._compiled[self._key(bucket)] = bucket
+        self._record_recompile(sizes, bucket, cause, "compiled")
+        log.info("tpu_inductor: %s graph compiled for %s (%s)", self.kind, self._label(bucket), cause)
+
+    def _record_recompile(self, sizes: dict, bucket: dict, cause: str, outcome: str) -> None:
+        report.record_recompile(
+            report.RecompileRecord(
+                graph_id=self.record.graph_id,
+                kind=self.kind,
+                cause=cause,
+                sizes={str(s): v for s, v in sizes.items()},
+                bucket={str(s): v for s, v in bucket.items()},
+                outcome=outcome,
+            )
+        )
+
+    def _cause(self, bucket: dict) -> str:
+        """Which symbols' values differ from every bucket compiled so far."""
+        new = [
+            s
+            for s in self.symbols
+            if all(known.get(s) != bucket.get(s) for known in self._compiled.values())
+        ]
+        parts = [
+            f"{s} ({self._source(s)}) = {bucket[s]}"
+            + (" (bucket)" if s in self.analysis.safe else " (exact)")
+            for s in new or self.symbols
+        ]
+        return "no executable for " + ", ".join(parts)
+
+    def _changing_symbols(self, bucket: dict) -> list[sympy.Symbol]:
+        seen = list(self._compiled.values()) + [bucket]
+        return [s for s in self.symbols if len({b.get(s) for b in seen}) > 1]
+
+    def _describe_changing(self, symbols: list[sympy.Symbol]) -> str:
+        if not symbols:
+            return "the sizes kept changing."
+        parts = []
+        for s in symbols:
+            values = sorted({b.get(s) for b in self._compiled.values()})
+            if s in self.analysis.safe:
+                state = "is padded to buckets"
+            else:
+                state = f"compiles at exact sizes because {self.analysis.unsafe.get(s, 'it is not a dim')}"
+            parts.append(f"{self._source(s)} ({s}) kept changing (compiled for {values}) and {state}.")
+        return " ".join(parts)
+
+    def _advice(self, symbols: list[sympy.Symbol]) -> str:
+        if any(s in self.analysis.safe for s in symbols):
+            return (
+                "Raise the 'recompile_budget' option (TPU_INDUCTOR_RECOMPILE_BUDGET), or use "
+                "coarser buckets with 'bucket_sizes' / 'bucket_step' / 'bucket_max'."
+            )
+        return (
+            "Raise the 'recompile_budget' option (TPU_INDUCTOR_RECOMPILE_BUDGET); buckets "
+            "cannot help a dim that is not padding-safe."
+        )
+
+    def _source(self, symbol: sympy.Symbol) -> str:
+        return symbol_source(self.shape_env, symbol)
+
+    def _label(self, values: dict) -> str:
+        return ", ".join(f"{self._source(s)}={values[s]}" for s in self.symbols if s in values)
+
+    # -- lowering --------------------------------------------------------------
+
+    def _lower(
+        self, gm: torch.fx.GraphModule, key: tuple, bucket: dict
+    ) -> tuple[torch.fx.GraphModule, list[SymbolicIsland]]:
+        """Partition, lower each island once, compile the first bucket; learn from failures."""
+        support = _DynamicSupport(self.context.support)
+        for _ in range(len(gm.graph.nodes) + 1):
+            plan = propose_islands(gm, support)
+            islands: dict[str, SymbolicIsland] = {}
+            failure: Optional[tuple[Island, Exception]] = None
+            for island in plan.islands:
+                try:
+                    target = self._island(island, self.record)
+                    target.prepare(key, bucket)
+                except Exception as exc:  # torch-mlir, refinement and XLA raise many types
+                    failure = (island, exc)
+                    break
+                islands[island.name] = target
+            if failure is None:
+                break
+            self.record.lowering_retries += 1
+            self._learn(support, *failure, key=key, bucket=bucket)
+        else:  # pragma: no cover - each retry moves at least one node to eager
+            raise LoweringError("tpu_inductor: partitioning did not converge")
+
+        if self.context.config.strict and plan.eager:
+            lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
+            raise UnsupportedOpError(
+                f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n"
+                f"{lines}\nSet strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them "
+                "in eager PyTorch."
+            )
+        for eager in plan.eager:
+            self.record.fallbacks.append(
+                report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
+            )
+        fused = fuse_islands(gm, plan)
+        for name, target in islands.items():
+            setattr(fused, name, target)
+        fused.recompile()
+        return fused, list(islands.values())
+
+    def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:
+        lowered = lower_symbolic(island.graph)
+        self.dynamic_record.lowerings += record is not None
+        return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record)
+
+    def _learn(self, support: "_DynamicSupport", island: Island, error: Exception, *, key, bucket) -> None:
+        """Move the ops that broke ``island`` to eager, for this graph only.
+
+        A failure with dynamic shapes says nothing about the same op in a
+        static graph, so it is not written to the persistent support table.
+        """
+        reason = _failure_reason(error)
+        named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
+        culprits = [(n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named]
+        if not culprits:
+            culprits = self._probe(island, key, bucket)
+        if not culprits:
+            culprits = [(n, reason) for n in island.nodes if n.op == "call_function"]
+        for node, why in culprits:
+            log.info("tpu_inductor: %s does not lower with dynamic shapes (%s)", describe_node(node), why)
+            support.learned[support.signature(node)] = f"{why} (with dynamic shapes)"
+
+    def _probe(self, island: Island, key: tuple, bucket: dict) -> list[tuple[torch.fx.Node, str]]:
+        from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+
+        failures, seen = [], set()
+        for node in island.nodes:
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+                continue
+            signature = self.context.support.signature(node)
+            if signature in seen:
+                continue
+            seen.add(signature)
+            getitems = [u for u in node.users if u.target is operator.getitem and u in island.nodes]
+            single, _, _ = fuse_as_graphmodule(island.owner, [node, *getitems], "probe", always_return_tuple=True)
+            probe = Island(name="probe", nodes=[node, *getitems], graph=single, owner=island.owner)
+            try:
+                self._island(probe, None).prepare(key, bucket)
+            except Exception as exc:  # torch-mlir, refinement and XLA raise many types
+                failures.append((node, _failure_reason(exc)))
+        return failures
+
+
+class _DynamicSupport:
+    """The shared support table plus what failed for this graph's dynamic shapes."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.learned: dict[str, str] = {}
+
+    def signature(self, node: torch.fx.Node) -> str:
+        return self.base.signature(node)
+
+    def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
+        return self.base.unsupported_reason(node) or self.learned.get(self.base.signature(node))
+
+
+def _failure_reason(error: Exception) -> str:
+    if isinstance(error, IslandLoweringError):
+        detail = error.diagnostics[0] if error.diagnostics else error.stage
+        return f"torch-mlir: {detail.splitlines()[0]}"
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A runnable copy of ``gm`` that later passes on ``gm`` cannot touch."""
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    return torch.fx.GraphModule(gm, graph)

@@ -1,0 +1,134 @@
+"""One device island of a dynamic graph: lowered once, an executable per bucket.
+
+Why: the island's StableHLO is lowered with dynamic dims once
+(:func:`~tpu_inductor.lowering.symbolic.lower_symbolic`); for each bucket the
+graph asks for, its shapes are evaluated from the island's symbolic metadata,
+the module is refined to them (:func:`~tpu_inductor.lowering.refine.refine_to_static`)
+and compiled (memory, disk or XLA, like every executable). The graph selects
+the bucket for a call before running; islands read it from the shared
+:class:`CallState` instead of re-deriving it from their arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Hashable, Mapping, Optional
+
+import sympy
+import torch
+import torch.fx
+
+from tpu_inductor import report
+from tpu_inductor.errors import LoweringError
+from tpu_inductor.lowering.refine import refine_to_static
+from tpu_inductor.lowering.symbolic import SymbolicModule
+from tpu_inductor.passes.padding_safety import expr_of
+from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
+from tpu_inductor.runtime.executable import TensorSpec
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class CallState(threading.local):
+    """The bucket of the call in progress, per thread."""
+
+    key: Optional[Hashable] = None
+
+
+class SymbolicIsland(torch.nn.Module):
+    """The ``call_module`` target of an island in a dynamic graph."""
+
+    def __init__(
+        self,
+        name: str,
+        graph: torch.fx.GraphModule,
+        lowered: SymbolicModule,
+        state: CallState,
+        context: Any,
+        record: Optional[report.GraphRecord],
+    ) -> None:
+        super().__init__()
+        self.island_name = name
+        self.lowered = lowered
+        self._state = state
+        self._context = context
+        self._record = record
+        self._num_nodes = sum(n.op == "call_function" for n in graph.graph.nodes)
+        self._tensor_inputs: list[tuple[tuple[sympy.Expr, ...], torch.dtype]] = []
+        self._scalar_inputs: dict[int, sympy.Expr] = {}
+        for index, node in enumerate(graph.graph.find_nodes(op="placeholder")):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                self._tensor_inputs.append((tuple(expr_of(s) for s in val.shape), val.dtype))
+            elif isinstance(val, (*_SYMBOLIC, int, float)):
+                self._scalar_inputs[index] = expr_of(val) if not isinstance(val, float) else val
+            else:
+                raise LoweringError(f"{name}: unsupported island input {val!r}")
+        outputs = graph.graph.output_node().args[0]
+        outputs = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
+        self._outputs = [
+            (tuple(expr_of(s) for s in n.meta["val"].shape), n.meta["val"].dtype) for n in outputs
+        ]
+        self._executables: dict[Hashable, DeviceExecutable] = {}
+
+    def prepare(self, key: Hashable, sizes: Mapping[sympy.Symbol, int]) -> DeviceExecutable:
+        """The executable for the bucket ``key`` whose symbol values are ``sizes``."""
+        found = self._executables.get(key)
+        if found is not None:
+            return found
+        context = self._context
+        substitution = {s: sympy.Integer(v) for s, v in sizes.items()}
+
+        def size(expr: sympy.Expr) -> int:
+            value = expr.xreplace(substitution)
+            if not value.is_number:
+                raise LoweringError(f"{self.island_name}: size {expr} is not fixed by {sizes}")
+            return int(value)
+
+        input_specs = [TensorSpec(tuple(size(e) for e in shape), dtype) for shape, dtype in self._tensor_inputs]
+        scalars = {
+            i: (e if isinstance(e, float) else _number(e.xreplace(substitution)))
+            for i, e in self._scalar_inputs.items()
+        }
+        started = time.perf_counter()
+        module = refine_to_static(self.lowered.text, [s.shape for s in input_specs], scalars)
+        refined_seconds = time.perf_counter() - started
+        loaded, stats = compile_stablehlo(
+            module,
+            context.platform,
+            context.disk_cache,
+            input_specs=input_specs,
+            xla_flags=context.config.xla_flags,
+        )
+        output_specs = [TensorSpec(tuple(size(e) for e in shape), dtype) for shape, dtype in self._outputs]
+        label = ",".join(f"{s}={v}" for s, v in sorted(sizes.items(), key=lambda kv: str(kv[0])))
+        executable = DeviceExecutable(
+            loaded, context.platform, output_specs, name=f"{self.island_name}[{label}] ({stats.key})"
+        )
+        self._executables[key] = executable
+        if self._record is not None:
+            self._record.islands.append(
+                report.IslandRecord(
+                    name=f"{self.island_name}[{label}]",
+                    num_nodes=self._num_nodes,
+                    compile_source=stats.source,
+                    lower_seconds=refined_seconds,
+                    compile_seconds=stats.seconds,
+                    cache_key=stats.key,
+                    lower_source="refined",
+                )
+            )
+        return executable
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        executable = self._executables[self._state.key]
+        return tuple(executable(*[a for a in args if isinstance(a, torch.Tensor)]))
+
+
+def _number(value: sympy.Expr) -> Any:
+    if value.is_Integer:
+        return int(value)
+    if value.is_Boolean:
+        return bool(value)
+    return float(value)

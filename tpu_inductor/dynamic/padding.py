@@ -1,0 +1,133 @@
+"""Symbols from a call's arguments; inputs padded up to buckets; outputs sliced back.
+
+Why: a dynamic graph's executables are keyed by its symbols' (bucketed)
+values, so each call first reads those values off its arguments: a tensor dim
+that *is* a symbol gives it directly, a SymInt argument gives its own. Inputs
+are then zero-padded along the padded symbols' dims (zeros: a valid index for
+embeddings, a harmless value everywhere else; the analysis guarantees no real
+position reads a padded one), and every output dim that is a padded symbol is
+cut back to the real size, so callers never see a padded shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from tpu_inductor.errors import LoweringError
+from tpu_inductor.passes.padding_safety import expr_of
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class ShapeBinding:
+    """The symbols of one dynamic graph and where its arguments carry them."""
+
+    def __init__(
+        self,
+        placeholders: Sequence[torch.fx.Node],
+        outputs: Sequence[Any],
+        padded: frozenset,
+    ) -> None:
+        self.padded = padded
+        self._dims: list[tuple[int, int, sympy.Symbol]] = []
+        self._compound: list[tuple[int, int, sympy.Expr]] = []
+        self._scalars: list[tuple[int, sympy.Expr]] = []
+        self._pad: dict[int, list[tuple[int, sympy.Symbol]]] = {}
+        symbols: set = set()
+        for index, node in enumerate(placeholders):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                for dim, size in enumerate(val.shape):
+                    expr = expr_of(size)
+                    symbols |= expr.free_symbols
+                    if isinstance(expr, sympy.Symbol):
+                        self._dims.append((index, dim, expr))
+                        if expr in padded:
+                            self._pad.setdefault(index, []).append((dim, expr))
+                    elif expr.free_symbols:
+                        self._compound.append((index, dim, expr))
+            elif isinstance(val, _SYMBOLIC):
+                expr = expr_of(val)
+                symbols |= expr.free_symbols
+                self._scalars.append((index, expr))
+        self.symbols: tuple[sympy.Symbol, ...] = tuple(sorted(symbols, key=str))
+        self._outputs: list[Optional[tuple[sympy.Expr, ...]]] = [
+            tuple(expr_of(s) for s in out.shape) if isinstance(out, torch.Tensor) else None
+            for out in outputs
+        ]
+
+    def bind(self, args: Sequence[Any]) -> dict[sympy.Symbol, int]:
+        """Each symbol's value in this call."""
+        env: dict[sympy.Symbol, int] = {}
+        for index, dim, symbol in self._dims:
+            env[symbol] = int(args[index].shape[dim])
+        for index, expr in self._scalars:
+            if isinstance(expr, sympy.Symbol):
+                env[expr] = int(args[index])
+        if len(env) < len(self.symbols):
+            self._solve_rest(args, env)
+        return env
+
+    def _solve_rest(self, args: Sequence[Any], env: dict) -> None:
+        """Symbols that only occur inside expressions (``2*s0``): solve for them."""
+        pending = [(expr, int(args[i].shape[d])) for i, d, expr in self._compound]
+        pending += [(expr, int(args[i])) for i, expr in self._scalars]
+        progress = True
+        while progress and len(env) < len(self.symbols):
+            progress = False
+            for expr, value in pending:
+                unknown = [s for s in expr.free_symbols if s not in env]
+                if len(unknown) != 1:
+                    continue
+                solutions = sympy.solve(sympy.Eq(expr.xreplace(env), value), unknown[0])
+                integral = [int(x) for x in solutions if x.is_integer]
+                if integral:
+                    env[unknown[0]] = integral[0]
+                    progress = True
+        missing = [str(s) for s in self.symbols if s not in env]
+        if missing:
+            raise LoweringError(f"cannot read the sizes {missing} off the graph's arguments")
+
+    def pad(self, args: Sequence[Any], bucket: Mapping[sympy.Symbol, int]) -> list[Any]:
+        """``args`` with padded dims zero-extended and SymInt arguments at bucket values."""
+        padded = list(args)
+        for index, dims in self._pad.items():
+            tensor = padded[index]
+            extra = {dim: bucket[s] - int(tensor.shape[dim]) for dim, s in dims}
+            if any(extra.values()):
+                widths: list[int] = []
+                for dim in reversed(range(tensor.dim())):
+                    widths += [0, extra.get(dim, 0)]
+                padded[index] = torch.constant_pad_nd(tensor, widths, 0)
+        for index, expr in self._scalars:
+            if expr.free_symbols & self.padded:
+                padded[index] = int(expr.xreplace({s: sympy.Integer(v) for s, v in bucket.items()}))
+        return padded
+
+    def unpad(self, outputs: Sequence[Any], sizes: Mapping[sympy.Symbol, int]) -> list[Any]:
+        """Outputs cut back to the real sizes along padded dims."""
+        result = list(outputs)
+        substitution = {s: sympy.Integer(v) for s, v in sizes.items()}
+        for index, shape in enumerate(self._outputs):
+            value = result[index]
+            if shape is None or not isinstance(value, torch.Tensor):
+                continue
+            if not any(e.free_symbols & self.padded for e in shape):
+                continue
+            real = [int(e.xreplace(substitution)) for e in shape]
+            if list(value.shape) == real:
+                continue
+            if value.dim() != len(real) or any(r > p for r, p in zip(real, value.shape)):
+                raise LoweringError(
+                    f"output {index} came back {tuple(value.shape)}, which cannot hold the "
+                    f"expected {tuple(real)}"
+                )
+            for dim, size in enumerate(real):
+                if value.shape[dim] != size:
+                    value = value.narrow(dim, 0, size)
+            result[index] = value.contiguous()
+        return result

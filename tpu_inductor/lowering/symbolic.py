@@ -1,0 +1,55 @@
+"""Lower an ATen island with symbolic shapes to StableHLO once, with dynamic dims.
+
+Why: re-tracing and re-lowering a graph for every concrete shape is what
+makes dynamic shapes expensive on XLA backends. torch-mlir imports a graph
+whose placeholders carry SymInt sizes as ``tensor<?x...>`` arguments (and
+SymInt placeholders as ``i64`` scalars); the result is lowered once here and
+each bucket's static module is derived from it by StableHLO shape refinement
+(:mod:`tpu_inductor.lowering.refine`).
+
+Scalar arguments: XLA cannot take a bare ``i64`` argument, so the positions
+of SymInt placeholders are recorded; refinement replaces them with the
+bucket's constant value (the bucket key already fixes every symbol, so this
+costs no extra executable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import torch.fx
+
+from tpu_inductor.lowering.stablehlo import _BACKEND_TO_STABLEHLO, _TORCH_TO_BACKEND, _run_pipeline
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+
+
+@dataclasses.dataclass
+class SymbolicModule:
+    """StableHLO text with ``?`` dims for one island, and how to call it."""
+
+    text: str
+    scalar_positions: tuple[int, ...]
+    """Placeholder positions that are SymInts (module ``i64`` arguments)."""
+    seconds: float
+
+
+def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main") -> SymbolicModule:
+    """Lower ``gm`` (tensor and SymInt placeholders, tensor outputs) once."""
+    from torch_mlir import fx as torch_mlir_fx
+
+    started = time.perf_counter()
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    scalars = tuple(
+        i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _SYMBOLIC)
+    )
+    module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
+    _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR (dynamic shapes)")
+    _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO (dynamic shapes)")
+    return SymbolicModule(
+        text=module.operation.get_asm(),
+        scalar_positions=scalars,
+        seconds=time.perf_counter() - started,
+    )
