@@ -91,6 +91,17 @@ class TensorSpec:
     dtype: torch.dtype
 
 
+_resident: dict[tuple[str, int], transfer.ResidentBuffers] = {}
+
+
+def resident_buffers(platform: Platform) -> transfer.ResidentBuffers:
+    """The process-wide device copies of tensors for ``platform``'s device."""
+    key = (platform.name, platform.device.id)
+    if key not in _resident:
+        _resident[key] = transfer.ResidentBuffers()
+    return _resident[key]
+
+
 class DeviceExecutable:
     """A loaded PJRT executable called with and returning torch tensors."""
 
@@ -109,7 +120,8 @@ class DeviceExecutable:
 
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         platform = self._platform
-        buffers = [transfer.to_device(t, platform) for t in tensors]
+        resident = resident_buffers(platform)
+        buffers = [transfer.to_device(t, platform, resident) for t in tensors]
         results = self._loaded.execute(buffers)
         outputs = [transfer.to_torch(r, platform) for r in results]
         if not self._outputs_checked:

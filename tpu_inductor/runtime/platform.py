@@ -1,11 +1,18 @@
-"""PJRT clients, one per platform, created on first use and kept for the process."""
+"""Which PJRT platform runs the graphs, and its client.
+
+:func:`select_platform` is the one place the device is chosen; clients are
+created on first use and kept for the process.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import logging
-from typing import Any
+from typing import Any, Optional, Sequence
+
+import torch
 
 from tpu_inductor.errors import PlatformUnavailableError
 
@@ -25,11 +32,19 @@ class Platform:
     name: str
     client: Any  # jaxlib._jax.Client
     device: Any  # jaxlib._jax.Device
+    zero_copy: bool = True
+    """False makes even the CPU client copy tensors in and out, exercising the
+    path a TPU takes (device-resident parameters) on any machine."""
 
     @property
     def shares_host_memory(self) -> bool:
         """True when torch CPU tensors and device buffers can alias (DLPack)."""
-        return self.name == "cpu"
+        return self.name == "cpu" and self.zero_copy
+
+    @property
+    def shares_cuda_memory(self) -> bool:
+        """True when torch CUDA tensors and device buffers can alias (DLPack)."""
+        return self.name == "cuda" and self.zero_copy
 
     @property
     def device_kind(self) -> str:
@@ -56,9 +71,57 @@ def _make_cpu_client() -> Any:
     return xla_client.make_cpu_client(asynchronous=False)
 
 
+def _tpu_available() -> bool:
+    """libtpu is installed and finds a TPU (only then is a TPU client tried)."""
+    if importlib.util.find_spec("libtpu") is None:
+        return False
+    try:
+        _client("tpu")
+    except PlatformUnavailableError:
+        return False
+    return True
+
+
+def _cuda_plugin_installed() -> bool:
+    return any(
+        importlib.util.find_spec(name) is not None
+        for name in ("jax_cuda13_plugin", "jax_cuda12_plugin")
+    )
+
+
+def select_platform(requested: Optional[str], example_inputs: Sequence[Any]) -> str:
+    """The platform to compile for: the one asked for, else the best one present.
+
+    Unset means: ``tpu`` when libtpu finds a TPU; else ``cuda`` when the inputs
+    are CUDA tensors and jax's CUDA plugin is installed; else ``cpu``.
+    """
+    if requested:
+        chosen, why = requested, "requested"
+    elif _tpu_available():
+        chosen, why = "tpu", "libtpu found a TPU"
+    elif _cuda_plugin_installed() and any(
+        isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs
+    ):
+        chosen, why = "cuda", "the inputs are CUDA tensors and jax's CUDA plugin is installed"
+    else:
+        chosen, why = "cpu", "no TPU, and no CUDA inputs with jax's CUDA plugin"
+    _log_choice_once(chosen, why)
+    return chosen
+
+
 @functools.cache
-def get_platform(name: str) -> Platform:
+def _log_choice_once(name: str, why: str) -> None:
+    log.info("tpu_inductor: running on PJRT platform %s (%s)", name, why)
+
+
+def get_platform(name: str, zero_copy: bool = True) -> Platform:
     """The PJRT client for ``name``; raises with an install hint when missing."""
+    client, device = _client(name)
+    return Platform(name=name, client=client, device=device, zero_copy=zero_copy)
+
+
+@functools.cache
+def _client(name: str) -> tuple[Any, Any]:
     from jax._src import xla_bridge
 
     try:
@@ -69,6 +132,4 @@ def get_platform(name: str) -> Platform:
             f"To use it: {_INSTALL_HINT.get(name, 'install its PJRT plugin')}; "
             "or choose another with the 'platform' option / TPU_INDUCTOR_PLATFORM."
         ) from None
-    device = client.local_devices()[0]
-    log.info("tpu_inductor: using PJRT platform %s (%s)", name, device.device_kind)
-    return Platform(name=name, client=client, device=device)
+    return client, client.local_devices()[0]

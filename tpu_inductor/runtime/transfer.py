@@ -4,12 +4,21 @@ On the CPU client torch and XLA share host memory, so tensors cross through
 DLPack without copies in either direction. Only what XLA cannot alias is
 copied: broadcast (stride-0) or otherwise non-dense layouts are made
 contiguous first, and XLA itself copies buffers whose data pointer is not
-suitably aligned (storage offsets). On other platforms tensors are uploaded.
+suitably aligned (storage offsets). CUDA tensors cross to jax's CUDA client
+the same way, after torch's stream has finished producing them.
+
+Where memory is not shared (a TPU, or any client with ``zero_copy=False``),
+tensors are uploaded, and :class:`ResidentBuffers` keeps the device copy of
+each tensor for as long as the tensor is alive and unchanged: parameters and
+buffers cross once, and again only after an in-place update (an optimizer
+step, BatchNorm's running stats) bumps their version counter.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import weakref
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -19,7 +28,53 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from tpu_inductor.runtime.platform import Platform
 
 
-def to_device(tensor: torch.Tensor, platform: Platform) -> Any:
+class ResidentBuffers:
+    """Device copies of host tensors, reused while the tensor is unchanged.
+
+    Keyed by the tensor object (held weakly: an entry dies with its tensor) and
+    validated by the tensor's version counter and data pointer, which change on
+    every in-place write and ``.data`` swap.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, int, int, Any]] = {}
+        self.uploads: collections.Counter[int] = collections.Counter()
+        """Uploads per live tensor (by id), for tests and reports."""
+
+    def get(self, tensor: torch.Tensor, platform: Platform) -> Any:
+        version = _version_of(tensor)
+        if version is None:  # inference tensors have no version counter
+            return _upload(tensor, platform)
+        key = id(tensor)
+        entry = self._entries.get(key)
+        if entry is not None:
+            ref, seen_version, seen_ptr, buffer = entry
+            if ref() is tensor and seen_version == version and seen_ptr == tensor.data_ptr():
+                return buffer
+        buffer = _upload(tensor, platform)
+        self.uploads[key] += 1
+        self._entries[key] = (
+            weakref.ref(tensor, lambda _, key=key: self._forget(key)),
+            version,
+            tensor.data_ptr(),
+            buffer,
+        )
+        return buffer
+
+
+    def _forget(self, key: int) -> None:
+        """The tensor died: its id may be reused, so drop its entry and count."""
+        self._entries.pop(key, None)
+        self.uploads.pop(key, None)
+
+
+def _version_of(tensor: torch.Tensor) -> Optional[int]:
+    if tensor.is_inference():
+        return None
+    return tensor._version
+
+
+def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[ResidentBuffers] = None) -> Any:
     """A PJRT buffer holding ``tensor``'s values (aliasing it where possible)."""
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
@@ -28,6 +83,17 @@ def to_device(tensor: torch.Tensor, platform: Platform) -> Any:
         # Python-level checks (4 us less per argument); parameters that require
         # grad are fine to alias, XLA only reads them.
         return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), platform.device, None)
+    if platform.shares_cuda_memory and tensor.device.type == "cuda":
+        # XLA runs on its own stream: wait until torch's stream has written the data.
+        torch.cuda.current_stream(tensor.device).synchronize()
+        device = platform.client.local_devices()[tensor.device.index or 0]
+        return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), device, None)
+    if resident is not None:
+        return resident.get(tensor, platform)
+    return _upload(tensor, platform)
+
+
+def _upload(tensor: torch.Tensor, platform: Platform) -> Any:
     import jax
 
     host = tensor.detach().cpu()
@@ -37,7 +103,10 @@ def to_device(tensor: torch.Tensor, platform: Platform) -> Any:
         array = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
         array = host.numpy()
-    return jax.device_put(array, platform.device)
+    # jax canonicalises dtypes unless 64-bit types are on: without this an
+    # int64 tensor would silently arrive as int32. The context is thread-local.
+    with jax.enable_x64(True):
+        return jax.device_put(array, platform.device)
 
 
 def to_torch(buffer: Any, platform: Platform) -> torch.Tensor:
@@ -46,7 +115,13 @@ def to_torch(buffer: Any, platform: Platform) -> torch.Tensor:
         # The capsule straight from jaxlib: jax.Array.__dlpack__ costs 4 us more.
         # Taking it waits until the computation that defines the buffer is done.
         return from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
-    array = np.asarray(buffer)
+    if platform.shares_cuda_memory:
+        # torch.from_dlpack passes torch's current stream, so jax makes it wait
+        # for the XLA computation before torch reads the result.
+        return torch.from_dlpack(buffer)
+    # A private, writable host copy: torch may update outputs in place
+    # (gradient accumulation), which a view of the device buffer must not see.
+    array = np.array(buffer, copy=True)
     if str(array.dtype) == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
