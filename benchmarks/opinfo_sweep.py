@@ -40,7 +40,7 @@ def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: 
     import torch
 
     import tpu_inductor.report as report
-    from opinfo import TOLERANCES, as_function, opinfos, samples
+    from test_ops import TOLERANCES, as_function, opinfos, samples
 
     dtype = getattr(torch, dtype_name)
     options = {"cache": False}
@@ -95,7 +95,7 @@ def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: 
 
 def _all_op_ids() -> list[str]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from opinfo import opinfos
+    from test_ops import opinfos
 
     return sorted(opinfos())
 

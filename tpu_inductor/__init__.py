@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "report", "tpu_backend"]
+__all__ = ["__version__", "explain", "report", "tpu_backend"]
 
 
 def __getattr__(name: str):
@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from tpu_inductor.backend import tpu_backend
 
         return tpu_backend
+    if name == "explain":
+        from tpu_inductor.reporting.explain import explain
+
+        return explain
     if name == "report":
         import importlib
 

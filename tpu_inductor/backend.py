@@ -21,6 +21,7 @@ from tpu_inductor.compiled_graph import CompileContext, compile_graph
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.passes.decompositions import decomposition_table
+from tpu_inductor.reporting import hooks
 
 
 def tpu_backend(
@@ -29,12 +30,13 @@ def tpu_backend(
     options: Optional[Mapping[str, Any]] = None,
 ) -> Callable[..., Any]:
     """Compile one Dynamo graph; ``options`` come from ``torch.compile(options=...)``."""
-    context = CompileContext.create(Config.load(options))
+    context = CompileContext.create(Config.load(options), example_inputs)
     dims = dynamic_dims(gm)
-    report.record_trace(dims, recompile_reason())
+    dynamo_trace = report.record_trace(dims, recompile_reason())
+    hooks.on_dynamo_graph(gm, dynamo_trace, context.config.report_dir)
 
     def compiler(kind: str):
-        return functools.partial(_compile_aten, kind=kind, context=context)
+        return functools.partial(_compile_aten, kind=kind, context=context, trace=dynamo_trace)
 
     trace = aot_autograd(
         fw_compiler=compiler("forward"),
@@ -46,8 +48,9 @@ def tpu_backend(
             keep_attention=bool(dims) and not _needs_grad(example_inputs)
         ),
     )
-    with _attention_for_autograd(example_inputs):
-        return trace(gm, example_inputs)
+    with _attention_for_autograd(example_inputs), report.within_trace(dynamo_trace):
+        with report.stage("aot_autograd"):
+            return trace(gm, example_inputs)
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:
@@ -75,5 +78,10 @@ def _attention_for_autograd(example_inputs: Sequence[Any]) -> contextlib.Abstrac
     return sdpa_kernel(SDPBackend.MATH)
 
 
-def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext):
-    return compile_graph(gm, example_inputs, kind, context)
+def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, trace=None):
+    # Backward graphs compile at the first backward call, after Dynamo's trace
+    # is over: the trace record travels with the compiler.
+    with report.within_trace(trace), report.stage("backend"):
+        compiled = compile_graph(gm, example_inputs, kind, context)
+    hooks.on_graph_compiled()
+    return compiled

@@ -1,10 +1,16 @@
 """The ``tpu-inductor`` command line.
 
 Why: the cache directory outlives processes, so users need a way to see what
-is in it and to shrink or empty it without knowing its layout. Each top-level
-command (``cache`` today; ``report``, ``doctor`` later) is one ``_add_*``
-function that adds its subparser and sets ``handler``; add a new command by
-writing one and listing it in ``COMMANDS``.
+is in it and to shrink or empty it without knowing its layout; ``report``
+runs a script and shows what the backend did with it (the answer to "why is
+my model slow / recompiling / not on the device?"); ``doctor`` says what this
+machine has (PJRT platforms and devices, versions, where the cache is), the
+first thing to paste into a bug report. Each top-level command is one
+``_add_*`` function that adds its subparser and sets ``handler``; add a new
+command by writing one and listing it in ``COMMANDS``.
+
+Starting the CLI imports neither torch nor jaxlib; a command that needs them
+imports them itself.
 
 The CLI reads settings through :class:`~tpu_inductor.config.Config` like the
 backend does, so ``TPU_INDUCTOR_CACHE_DIR`` points both at the same place.
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -78,9 +85,10 @@ def _cache_clear(args: argparse.Namespace) -> int:
     learned = list(Path(cache.root).glob("learned_unsupported-*.json"))
     for path in learned:
         path.unlink(missing_ok=True)
+    repros = _cache_clear_repros(cache.root)
     print(f"removed {removed} entries from {cache.root}" + (
         f" and {len(learned)} learned-unsupported-op file(s)" if learned else ""
-    ))
+    ) + (f" and {repros} reproducer bundle(s)" if repros else ""))
     return 0
 
 
@@ -100,6 +108,161 @@ def _size_argument(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cache_clear_repros(cache_root: Path) -> int:
+    """Reproducer bundles written under the cache directory (see reporting/repro.py)."""
+    import shutil
+
+    repro = Path(cache_root) / "repro"
+    bundles = list(repro.iterdir()) if repro.is_dir() else []
+    shutil.rmtree(repro, ignore_errors=True)
+    return len(bundles)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Run a script as ``__main__`` with the report directory set, then show the report."""
+    import runpy
+    import traceback
+
+    from tpu_inductor import report
+    from tpu_inductor.reporting import files
+
+    script = Path(args.script)
+    if not script.is_file():
+        print(f"tpu-inductor report: no such script: {script}", file=sys.stderr)
+        return 2
+    root = Path(args.report_dir).resolve()
+    # The backend reads its settings through Config, from the environment too.
+    os.environ["TPU_INDUCTOR_REPORT_DIR"] = str(root)
+    directory = files.directory_for(root)
+    print(f"tpu-inductor: writing the report to {directory.path}", file=sys.stderr)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.resolve().parent))
+    status = 0
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # the report of a failing run is the one most wanted
+        traceback.print_exc()
+        status = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    directory.flush()
+    if args.json:
+        print(report.current().to_json())
+    else:
+        print(report.current())
+    print(f"\nreport: {directory.html_path}\njson:   {directory.json_path}")
+    return status
+
+
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "report",
+        help="run a script with the tpu backend and report graph breaks, fallbacks, recompiles, compile time",
+        description="Runs SCRIPT as __main__ (its torch.compile(..., backend='tpu') calls are "
+        "recorded) and writes report.json, report.html and each island's StableHLO under "
+        "REPORT_DIR/tpu_inductor-<time>-<pid>/.",
+    )
+    parser.add_argument(
+        "--report-dir",
+        default="tpu_inductor_reports",
+        help="where reports go (default: ./tpu_inductor_reports)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON instead of the summary")
+    parser.add_argument("script", help="the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.set_defaults(handler=_report)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """What this machine offers the backend; each probe reports instead of failing."""
+    import importlib.util
+    import platform as host
+    from importlib import metadata
+
+    info: dict = {"python": sys.version.split()[0], "machine": f"{host.system()} {host.machine()}"}
+    versions = {}
+    for dist in ("tpu_inductor", "torch", "torch-mlir", "jax", "jaxlib", "libtpu"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    info["versions"] = versions
+
+    config = Config.load({"cache_dir": args.cache_dir} if args.cache_dir else {})
+    cache = DiskCache(config.resolved_cache_dir, config.cache_max_bytes)
+    entries = cache.entries(remove_stale=False) if Path(cache.root).exists() else []
+    info["cache"] = {
+        "location": str(cache.root),
+        "enabled": config.cache,
+        "exists": Path(cache.root).exists(),
+        "entries": len(entries),
+        "bytes": sum(e.bytes for e in entries),
+    }
+    info["report_dir"] = config.report_dir
+
+    from tpu_inductor.errors import PlatformUnavailableError
+
+    present = {
+        "cpu": True,
+        "cuda": any(importlib.util.find_spec(n) for n in ("jax_cuda13_plugin", "jax_cuda12_plugin")),
+        "tpu": importlib.util.find_spec("libtpu") is not None,
+    }
+    platforms = {}
+    for name in ("cpu", "cuda", "tpu"):
+        if not present[name]:
+            platforms[name] = {"available": False, "why": "plugin not installed"}
+            continue
+        try:
+            from tpu_inductor.runtime.platform import get_platform
+
+            chosen = get_platform(name)
+            platforms[name] = {
+                "available": True,
+                "version": chosen.version,
+                "devices": [f"{d.device_kind} (id {d.id})" for d in chosen.client.local_devices()],
+            }
+        except (PlatformUnavailableError, Exception) as exc:  # a broken plugin is a finding
+            platforms[name] = {"available": False, "why": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    info["platforms"] = platforms
+    try:
+        from tpu_inductor.runtime.platform import select_platform
+
+        info["default_platform"] = config.platform or select_platform(None, ())
+    except Exception as exc:  # pragma: no cover - reported, not raised
+        info["default_platform"] = f"unknown ({exc})"
+
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"python:       {info['python']} on {info['machine']}")
+    print("versions:     " + ", ".join(f"{k} {v or 'absent'}" for k, v in versions.items()))
+    for name, found in platforms.items():
+        if found["available"]:
+            print(f"platform {name:4} available, {found['version']}; devices: {', '.join(found['devices'])}")
+        else:
+            print(f"platform {name:4} unavailable: {found['why']}")
+    print(f"default:      {info['default_platform']}")
+    cache_info = info["cache"]
+    print(
+        f"cache:        {cache_info['location']} ({'on' if cache_info['enabled'] else 'off'}; "
+        f"{cache_info['entries']} entries, {_format_size(cache_info['bytes'])})"
+    )
+    print(f"report dir:   {info['report_dir'] or 'not set (TPU_INDUCTOR_REPORT_DIR)'}")
+    return 0
+
+
+def _add_doctor(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "doctor", help="PJRT platforms and devices, versions of torch/torch-mlir/jaxlib/libtpu, cache location"
+    )
+    parser.add_argument("--cache-dir", help="cache directory (default: as the backend resolves it)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=_doctor)
 
 
 def _add_cache(commands: argparse._SubParsersAction) -> None:
@@ -126,7 +289,7 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:
     prune.set_defaults(handler=_cache_prune)
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_cache]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_cache, _add_report, _add_doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

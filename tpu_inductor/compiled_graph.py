@@ -29,7 +29,14 @@ from tpu_inductor.lowering.stablehlo import IslandLoweringError, lower_to_stable
 from tpu_inductor.lowering.support import SupportTable, op_key
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands
-from tpu_inductor.runtime import DeviceExecutable, Platform, compile_stablehlo, get_platform
+from tpu_inductor.reporting import hooks
+from tpu_inductor.runtime import (
+    DeviceExecutable,
+    Platform,
+    compile_stablehlo,
+    get_platform,
+    select_platform,
+)
 from tpu_inductor.runtime.disk_cache import DiskCache
 from tpu_inductor.runtime.executable import component_versions
 
@@ -46,11 +53,12 @@ class CompileContext:
     disk_cache: Optional[DiskCache]
 
     @classmethod
-    def create(cls, config: Config) -> "CompileContext":
+    def create(cls, config: Config, example_inputs: Sequence[Any] = ()) -> "CompileContext":
         cache_root = config.resolved_cache_dir if config.cache else None
+        platform_name = select_platform(config.platform, example_inputs)
         return cls(
             config=config,
-            platform=get_platform(config.platform),
+            platform=get_platform(platform_name, zero_copy=config.zero_copy),
             support=_support_table(cache_root),
             disk_cache=DiskCache(cache_root, config.cache_max_bytes) if cache_root else None,
         )
@@ -73,11 +81,16 @@ def _support_table(cache_root) -> SupportTable:
 class DeviceIsland(torch.nn.Module):
     """The ``call_module`` target that replaces an island in the graph."""
 
-    def __init__(self, executable: DeviceExecutable) -> None:
+    def __init__(
+        self, executable: DeviceExecutable, record: Optional[report.IslandRecord] = None
+    ) -> None:
         super().__init__()
         self.executable = executable
+        self.record = record
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.record is not None:
+            self.record.executions += 1
         return tuple(self.executable(*tensors))
 
 
@@ -89,11 +102,17 @@ class _BoxedGraph:
         # An instance attribute, so wrappers made with functools.wraps (Dynamo's
         # disable() around backward graphs) copy it and keep the boxed call.
         self._boxed_call = True
+        self.record: Optional[report.GraphRecord] = module.meta.get(_RECORD_KEY)
 
     def __call__(self, args: list[Any]) -> Any:
+        if self.record is not None:
+            self.record.executions += 1
         module_args = list(args)
         args.clear()
         return self.module(*module_args)
+
+
+_RECORD_KEY = "tpu_inductor_graph_record"
 
 
 def compile_graph(
@@ -110,7 +129,8 @@ def compile_graph(
 def build_compiled_graph(
     gm: torch.fx.GraphModule, kind: str, context: CompileContext
 ) -> torch.fx.GraphModule:
-    gm = run_passes(gm)
+    with report.stage("passes"):
+        gm = run_passes(gm)
     record = report.new_graph_record(
         kind,
         num_nodes=len(gm.graph.nodes),
@@ -127,6 +147,7 @@ def build_compiled_graph(
         if failure is None:
             break
         record.lowering_retries += 1
+        hooks.on_island_failed(*failure, context, record)
         _learn_from_failure(*failure, context)
     else:  # pragma: no cover - guarded by the bound above
         raise LoweringError("tpu_inductor: partitioning did not converge")
@@ -138,9 +159,11 @@ def build_compiled_graph(
         )
         log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
     executables = {island.name: island.executable for island in plan.islands}
+    island_records = {island.name: island for island in record.islands}
     fused = fuse_islands(gm, plan)
     for name, executable in executables.items():
-        setattr(fused, name, DeviceIsland(executable))
+        setattr(fused, name, DeviceIsland(executable, island_records.get(name)))
+    fused.meta[_RECORD_KEY] = record  # execution counts
     fused.recompile()
     return fused
 
@@ -175,8 +198,10 @@ def _compile_islands(
                 compile_seconds=stats.seconds,
                 cache_key=stats.key,
                 lower_source=lower_stats.source,
+                ops=hooks.op_counts(island.nodes),
             )
         )
+        hooks.on_island_compiled(record, records[-1], lowered.module)
     record.islands = records
     return None
 

@@ -46,9 +46,16 @@ def _default_cache_dir(environ: Mapping[str, str]) -> str:
 class Config:
     """Settings for one ``torch.compile`` region; immutable once built."""
 
-    platform: str = "cpu"
+    platform: Optional[str] = None
     """PJRT platform to run on: ``cpu`` (jaxlib's embedded client), ``cuda``
-    (jax's CUDA plugin) or ``tpu`` (libtpu). Env: ``TPU_INDUCTOR_PLATFORM``."""
+    (jax's CUDA plugin) or ``tpu`` (libtpu). Unset: ``tpu`` when libtpu finds
+    a TPU, else ``cuda`` for CUDA inputs when jax's CUDA plugin is installed,
+    else ``cpu`` (also spelled ``auto``). Env: ``TPU_INDUCTOR_PLATFORM``."""
+
+    zero_copy: bool = True
+    """Share memory between torch and the device through DLPack where the
+    platform allows it (CPU, CUDA). ``False`` copies instead, with parameters
+    kept resident on the device as on a TPU. Env: ``TPU_INDUCTOR_ZERO_COPY``."""
 
     strict: bool = False
     """Raise instead of running an op eagerly when it cannot be lowered; the
@@ -68,6 +75,12 @@ class Config:
     """Size cap of ``cache_dir``; past it the least-recently-used entries are
     evicted. Bytes or a size such as ``500M`` / ``2GiB``.
     Env: ``TPU_INDUCTOR_CACHE_MAX_BYTES``."""
+
+    report_dir: Optional[str] = None
+    """Write this process's report here as it goes: ``report.json``,
+    ``report.html`` and each island's StableHLO, in a subdirectory
+    ``tpu_inductor-<time>-<pid>`` per process, plus reproducer bundles of
+    failed lowerings. ``None``: no files. Env: ``TPU_INDUCTOR_REPORT_DIR``."""
 
     bucket_sizes: tuple[int, ...] = ()
     """Sizes a dynamic dim is padded up to (e.g. ``(16, 64, 256)``); empty means
@@ -132,9 +145,11 @@ class Config:
             values[field.name] = _coerce(field, raw, origin)
         config = cls(**values)
         _check_buckets(config)
-        if config.platform not in PLATFORMS:
+        if config.platform in ("", "auto"):
+            config = dataclasses.replace(config, platform=None)
+        if config.platform is not None and config.platform not in PLATFORMS:
             raise ConfigError(
-                f"platform {config.platform!r} is not one of {', '.join(PLATFORMS)} "
+                f"platform {config.platform!r} is not one of {', '.join(PLATFORMS)}, auto "
                 "(set the 'platform' option or TPU_INDUCTOR_PLATFORM)"
             )
         return config

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch.fx
+if TYPE_CHECKING:  # importing torch.fx costs a second; the CLI imports this module
+    import torch.fx
 
 
 class TpuInductorError(RuntimeError):
@@ -56,6 +57,8 @@ def describe_node(node: torch.fx.Node) -> str:
 
 
 def op_name(node: torch.fx.Node) -> str:
+    import torch
+
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return str(target)

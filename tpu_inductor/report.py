@@ -6,13 +6,25 @@ line), each executable compile with where it came from (XLA, memory or
 the disk cache), and each disk-cache lookup with, for a miss, its reason.
 Readers (tests, ``explain``, the CLI) read this record;
 nothing else prints.
+
+Dynamo graph breaks, each Dynamo trace (with its frame and, for a
+recompile, the guard that failed), compile time per stage (see
+:func:`stage`), execution counts and reproducer bundles are recorded here
+too. The views of the record live in :mod:`tpu_inductor.reporting`: JSON
+(:meth:`Report.to_json`, with a schema), the short text of ``str(report)``,
+the HTML page and the report directory; this module stays a plain record so
+that every stage can write to it cheaply.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import sys
 import threading
-from typing import Optional
+import time
+from typing import Any, Iterator, Optional
 
 
 @dataclasses.dataclass
@@ -34,6 +46,12 @@ class IslandRecord:
     cache_key: str
     lower_source: str = "torch-mlir"
     """``torch-mlir`` (lowered now) or ``disk`` (StableHLO from the graph cache)."""
+    ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    """ATen op -> how many nodes of it the island runs on the device."""
+    executions: int = 0
+    """Calls of the island's executable."""
+    stablehlo_file: Optional[str] = None
+    """The island's StableHLO text, relative to the report directory (when one is set)."""
 
 
 @dataclasses.dataclass
@@ -64,6 +82,40 @@ class GraphRecord:
     islands: list[IslandRecord] = dataclasses.field(default_factory=list)
     fallbacks: list[FallbackRecord] = dataclasses.field(default_factory=list)
     lowering_retries: int = 0
+    trace_index: Optional[int] = None
+    """The :class:`TraceRecord` (Dynamo graph) this ATen graph came from."""
+    executions: int = 0
+    """Calls of the compiled graph."""
+
+
+@dataclasses.dataclass
+class GraphBreakRecord:
+    """One Dynamo graph break: why Dynamo ended a graph and where in user code."""
+
+    reason: str
+    """The first line of Dynamo's reason (``Failed to trace builtin operator``)."""
+    source: Optional[str]
+    """``file:line`` of the user code that broke the graph (innermost frame)."""
+    detail: str = ""
+    """Dynamo's whole explanation, hints included."""
+    frame: Optional[str] = None
+    """The function Dynamo was tracing: ``name (file:first line)``."""
+    compile_id: Optional[str] = None
+    """Dynamo's ``frame/recompile`` id of the trace that broke."""
+
+
+@dataclasses.dataclass
+class ReproRecord:
+    """A reproducer bundle written for a failed lowering or XLA compile."""
+
+    graph_id: int
+    island: str
+    stage: str
+    """``torch-mlir: <pipeline stage>`` or ``XLA``."""
+    error: str
+    """The first line of what the failing component said."""
+    path: Optional[str]
+    """The bundle's directory (None when there was nowhere to write it)."""
 
 
 @dataclasses.dataclass
@@ -73,6 +125,41 @@ class Report:
     traces: list[TraceRecord] = dataclasses.field(default_factory=list)
     dynamic_graphs: list[DynamicGraphRecord] = dataclasses.field(default_factory=list)
     recompiles: list[RecompileRecord] = dataclasses.field(default_factory=list)
+    graph_breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Compile time per stage (self time: a nested stage's time is not counted
+    in its parent); ``dynamo`` is filled in from Dynamo's own timers."""
+    repros: list[ReproRecord] = dataclasses.field(default_factory=list)
+    pid: int = dataclasses.field(default_factory=os.getpid)
+    started: float = dataclasses.field(default_factory=time.time)
+    """Unix time the record was started (process start or :func:`reset`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form, with ``schema_version`` (see reporting/report_schema.json)."""
+        from tpu_inductor.reporting.serialize import to_dict
+
+        return to_dict(self)
+
+    def to_json(self, indent: Optional[int] = 1) -> str:
+        """Stable JSON: keys sorted, versioned by ``schema_version``."""
+        from tpu_inductor.reporting.serialize import to_json
+
+        return to_json(self, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Report":
+        from tpu_inductor.reporting.serialize import from_json
+
+        return from_json(text)
+
+    def __str__(self) -> str:
+        from tpu_inductor.reporting.summary import summarize
+
+        return summarize(self)
+
+    def dynamo_recompiles(self) -> list[TraceRecord]:
+        """Traces Dynamo made because a guard failed (the reason names it)."""
+        return [t for t in self.traces if t.reason]
 
     def fallbacks(self) -> list[FallbackRecord]:
         return [f for g in self.graphs for f in g.fallbacks]
@@ -105,6 +192,7 @@ def reset() -> Report:
     global _current
     with _lock:
         _current = Report()
+        _mark_dynamo_baseline()
     return _current
 
 
@@ -113,8 +201,106 @@ def new_graph_record(kind: str, num_nodes: int, input_shapes: list[tuple[int, ..
         record = GraphRecord(
             graph_id=len(_current.graphs), kind=kind, num_nodes=num_nodes, input_shapes=input_shapes
         )
+        trace = getattr(_local, "trace", None)
+        record.trace_index = trace.index if trace is not None else None
         _current.graphs.append(record)
     return record
+
+
+# --- graph breaks, stage timings, reproducers ---
+
+_local = threading.local()
+
+
+def record_graph_break(record: GraphBreakRecord) -> None:
+    with _lock:
+        _current.graph_breaks.append(record)
+
+
+def record_repro(record: ReproRecord) -> None:
+    with _lock:
+        _current.repros.append(record)
+
+
+@contextlib.contextmanager
+def within_trace(trace: Optional["TraceRecord"]) -> Iterator[None]:
+    """Graph records made inside belong to ``trace`` (backward graphs compile
+    later, outside Dynamo, so the trace is passed along rather than looked up)."""
+    previous = getattr(_local, "trace", None)
+    _local.trace = trace
+    try:
+        yield
+    finally:
+        _local.trace = previous
+
+
+def _add_seconds(name: str, seconds: float) -> None:
+    with _lock:
+        _current.stage_seconds[name] = _current.stage_seconds.get(name, 0.0) + seconds
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Time a compile stage. Stages nest and each counts only its own time
+    (torch-mlir inside the backend's glue is torch-mlir's), so the stages add
+    up to the whole compile time without double counting."""
+    stack = getattr(_local, "stages", None)
+    if stack is None:
+        stack = _local.stages = []
+    now = time.perf_counter()
+    if stack:
+        _add_seconds(stack[-1][0], now - stack[-1][1])
+    entry = [name, now]
+    stack.append(entry)
+    try:
+        yield
+    finally:
+        end = time.perf_counter()
+        stack.pop()
+        _add_seconds(name, end - entry[1])
+        if stack:
+            stack[-1][1] = end
+
+
+# Dynamo keeps its own timers; the report counts what they gained since it
+# started. {timer name: entries already there}.
+_DYNAMO_TOTAL = "_compile.compile_inner"
+_DYNAMO_BACKEND = "OutputGraph.call_user_compiler"
+_dynamo_baseline: dict[str, int] = {}
+
+
+def _dynamo_timers() -> dict[str, list[float]]:
+    utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing compiled yet
+    return getattr(utils, "compilation_time_metrics", {}) if utils is not None else {}
+
+
+def _mark_dynamo_baseline() -> None:
+    global _dynamo_baseline
+    timers = _dynamo_timers()
+    _dynamo_baseline = {name: len(timers.get(name, ())) for name in (_DYNAMO_TOTAL, _DYNAMO_BACKEND)}
+
+
+def dynamo_seconds() -> float:
+    """Dynamo's own compile time since the record started: its frame compile
+    time less the time it spent calling backends (which the other stages count)."""
+    timers = _dynamo_timers()
+
+    def since_baseline(name: str) -> float:
+        values = timers.get(name, [])
+        start = _dynamo_baseline.get(name, 0)
+        return sum(values[start:] if len(values) >= start else values)  # shorter: Dynamo was reset
+
+    return max(0.0, since_baseline(_DYNAMO_TOTAL) - since_baseline(_DYNAMO_BACKEND))
+
+
+def sync_dynamo_seconds() -> None:
+    """Copy Dynamo's time into the current record's ``stage_seconds``. Dynamo
+    books a frame's time when the frame is done, after our backend returned,
+    so readers call this when they look (serializing a live record does)."""
+    seconds = dynamo_seconds()
+    with _lock:
+        if seconds > 0 or "dynamo" in _current.stage_seconds:
+            _current.stage_seconds["dynamo"] = seconds
 
 
 def record_cache_event(event: CacheEvent) -> None:
@@ -134,6 +320,12 @@ class TraceRecord:
     """Symbol -> where it comes from (``L['x'].size()[0]``); empty for a static graph."""
     reason: Optional[str] = None
     """Dynamo's recompilation reason (the guard that failed), when it gives one."""
+    compile_id: Optional[str] = None
+    """Dynamo's ``frame/recompile`` id, e.g. ``0/1`` for frame 0's first recompile."""
+    frame: Optional[str] = None
+    """The function Dynamo traced: ``name (file:first line)``."""
+    num_nodes: int = 0
+    """Nodes in the Dynamo (Torch IR) graph."""
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import sympy
 import torch
 import torch.fx
+from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor import report
 from tpu_inductor.dynamic import shape_env_of, symbol_source
@@ -50,7 +51,8 @@ from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.dense_empty import dense_empty
-from tpu_inductor.passes.padding_safety import analyze_padding
+from tpu_inductor.passes.hoist_sizes import hoist_sizes
+from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.passes.partition import Island, fuse_islands, propose_islands
 
 if TYPE_CHECKING:
@@ -80,12 +82,17 @@ class DynamicShapeGraph:
         self.shape_env = shape_env_of([n.meta.get("val") for n in placeholders])
 
         gm = run_passes(gm)
-        self.analysis = analyze_padding(gm)
-        gm, self._length_symbols = decompose_attention(gm, self.analysis.safe)
-        gm = dense_empty(gm)
-        outputs = gm.graph.output_node().args[0]
-        output_vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in outputs]
-        self.binding = ShapeBinding(placeholders, output_vals, self.analysis.safe)
+        gm = _observed(padding_safety, gm)
+        self.analysis: PaddingAnalysis = gm.meta["padding_analysis"]
+        self._length_symbols: list[sympy.Symbol] = []
+
+        def attention(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            graph, self._length_symbols = decompose_attention(graph, self.analysis.safe)
+            return graph
+
+        for graph_pass in (attention, dense_empty, hoist_sizes):
+            gm = _observed(graph_pass, gm)
+        self.binding = ShapeBinding(placeholders, gm.graph.output_node().args[0], self.analysis.safe)
         self.symbols = self.binding.symbols
 
         self.record = report.new_graph_record(
@@ -112,6 +119,7 @@ class DynamicShapeGraph:
             log.info("tpu_inductor: %s compiles at exact sizes: %s", symbol, why)
 
         self._state = CallState()
+        self._buckets: dict[tuple, dict[sympy.Symbol, int]] = {}
         self._compiled: dict[tuple, dict[sympy.Symbol, int]] = {}
         self._eager_keys: set[tuple] = set()
         self._warned = False
@@ -134,7 +142,7 @@ class DynamicShapeGraph:
         padded += [torch.tensor(sizes[s], dtype=torch.int64) for s in self._length_symbols]
         self._state.key = key
         outputs = self.module(*padded)
-        return self.binding.unpad(outputs, sizes)
+        return self.binding.unpad(outputs, sizes, call_args)
 
     def _specialise(self, key: tuple, bucket: dict, sizes: dict) -> bool:
         """Compile the islands for a new bucket; False when it must run eagerly."""
@@ -161,7 +169,7 @@ class DynamicShapeGraph:
     def _over_budget(self, key: tuple, bucket: dict, sizes: dict, budget: int) -> None:
         changing = self._changing_symbols(bucket)
         message = (
-            f"tpu_inductor: a {self.kind} graph reached its recompile budget of {budget} "
+            f"tpu_inductor: the {self.kind} graph reached its recompile budget of {budget} "
             f"executables; {self._describe_changing(changing)} New sizes "
             f"({self._label(sizes)}) now run in eager PyTorch. {self._advice(changing)}"
         )
@@ -183,9 +191,15 @@ class DynamicShapeGraph:
         return {s: int(values[s]) for s in self.symbols if s in values}
 
     def _bucket(self, sizes: dict[sympy.Symbol, int]) -> dict[sympy.Symbol, int]:
-        return choose_buckets(
-            sizes, self.analysis.safe, self.analysis.upper_bounds, self.policy, self.shape_env
-        )
+        # Checking Dynamo's guards for a bucket is sympy work: once per distinct sizes.
+        values = tuple(sizes.get(s) for s in self.symbols)
+        bucket = self._buckets.get(values)
+        if bucket is None:
+            bucket = choose_buckets(
+                sizes, self.analysis.safe, self.analysis.upper_bounds, self.policy, self.shape_env
+            )
+            self._buckets[values] = bucket
+        return bucket
 
     def _key(self, bucket: dict[sympy.Symbol, int]) -> tuple:
         return tuple(bucket.get(s) for s in self.symbols)
@@ -361,6 +375,13 @@ def _failure_reason(error: Exception) -> str:
         return f"torch-mlir: {detail.splitlines()[0]}"
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _observed(graph_pass, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Run a pass as ``run_passes`` does: a diff per pass is one flag away."""
+    name = getattr(graph_pass, "__name__", "pass")
+    with GraphTransformObserver(gm, name, subsystem="tpu_inductor"):
+        return graph_pass(gm)
 
 
 def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -32,6 +32,7 @@ class ShapeBinding:
         outputs: Sequence[Any],
         padded: frozenset,
     ) -> None:
+        """``outputs``: the graph's output nodes (or constants), in order."""
         self.padded = padded
         self._dims: list[tuple[int, int, sympy.Symbol]] = []
         self._compound: list[tuple[int, int, sympy.Expr]] = []
@@ -56,9 +57,15 @@ class ShapeBinding:
                 self._scalars.append((index, expr))
         self.symbols: tuple[sympy.Symbol, ...] = tuple(sorted(symbols, key=str))
         self._outputs: list[Optional[tuple[sympy.Expr, ...]]] = [
-            tuple(expr_of(s) for s in out.shape) if isinstance(out, torch.Tensor) else None
-            for out in outputs
+            tuple(expr_of(o.meta["val"].shape[d]) for d in range(o.meta["val"].dim()))
+            if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)
+            else None
+            for o in outputs
         ]
+        # Outputs that are inputs returned as they are (saved for backward):
+        # handed back from the call's own arguments, never padded.
+        position = {node: index for index, node in enumerate(placeholders)}
+        self._passthrough = {i: position[o] for i, o in enumerate(outputs) if o in position}
 
     def bind(self, args: Sequence[Any]) -> dict[sympy.Symbol, int]:
         """Each symbol's value in this call."""
@@ -67,7 +74,8 @@ class ShapeBinding:
             env[symbol] = int(args[index].shape[dim])
         for index, expr in self._scalars:
             if isinstance(expr, sympy.Symbol):
-                env[expr] = int(args[index])
+                value = args[index]
+                env[expr] = value if isinstance(value, float) else int(value)
         if len(env) < len(self.symbols):
             self._solve_rest(args, env)
         return env
@@ -108,13 +116,17 @@ class ShapeBinding:
                 padded[index] = int(expr.xreplace({s: sympy.Integer(v) for s, v in bucket.items()}))
         return padded
 
-    def unpad(self, outputs: Sequence[Any], sizes: Mapping[sympy.Symbol, int]) -> list[Any]:
+    def unpad(
+        self, outputs: Sequence[Any], sizes: Mapping[sympy.Symbol, int], args: Sequence[Any]
+    ) -> list[Any]:
         """Outputs cut back to the real sizes along padded dims."""
         result = list(outputs)
+        for index, arg_index in self._passthrough.items():
+            result[index] = args[arg_index]
         substitution = {s: sympy.Integer(v) for s, v in sizes.items()}
         for index, shape in enumerate(self._outputs):
             value = result[index]
-            if shape is None or not isinstance(value, torch.Tensor):
+            if shape is None or index in self._passthrough or not isinstance(value, torch.Tensor):
                 continue
             if not any(e.free_symbols & self.padded for e in shape):
                 continue

@@ -241,7 +241,11 @@ class _Builder:
                 "stablehlo.constant", results=[type_], attributes={"value": attr}
             )
             return created.results[0]
-        literal = str(int(values[0])) if not shape else "[" + ", ".join(str(int(v)) for v in values) + "]"
+        if element == self.i1:
+            words = ["true" if v else "false" for v in values]
+        else:
+            words = [str(int(v)) for v in values]
+        literal = words[0] if not shape else "[" + ", ".join(words) + "]"
         return self.op("stablehlo.constant", [type_], [], {"value": f"dense<{literal}> : {type_}"})
 
     def scalar(self, value, scalar_type) -> object:

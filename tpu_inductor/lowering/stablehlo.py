@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 import torch.fx
 
+from tpu_inductor import report
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.runtime.executable import TensorSpec
 
@@ -100,14 +101,15 @@ def graph_specs(gm: torch.fx.GraphModule) -> tuple[list[TensorSpec], list[Tensor
 
 def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredModule:
     """StableHLO bytecode for ``gm``, whose placeholders and outputs are tensors."""
-    from torch_mlir import fx as torch_mlir_fx
+    with report.stage("torch-mlir"):  # the first import of torch-mlir is its cost too
+        from torch_mlir import fx as torch_mlir_fx
 
-    module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
-    _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR")
-    _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
-    input_specs, output_specs = graph_specs(gm)
-    bytecode = io.BytesIO()
-    module.operation.write_bytecode(bytecode)
+        module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
+        _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR")
+        _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
+        input_specs, output_specs = graph_specs(gm)
+        bytecode = io.BytesIO()
+        module.operation.write_bytecode(bytecode)
     return LoweredModule(bytecode.getvalue(), input_specs, output_specs)
 
 

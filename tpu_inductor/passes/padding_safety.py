@@ -307,12 +307,14 @@ class _Analyzer:
                 continue
             val = out.meta.get("val")
             if isinstance(val, _SYMBOLIC):
-                self.mark(expr_of(val).free_symbols, "returns it as a number")
+                if out.op != "placeholder":  # an input returned as is stays exact
+                    self.mark(expr_of(val).free_symbols, "returns it as a number")
                 continue
             layout = self.layout(out)
             if layout is None:
                 continue
-            if out in self.aliases_input:
+            if out in self.aliases_input and out.op != "placeholder":
+                # (An input returned as is is handed back unpadded: see dynamic/padding.py.)
                 self.mark(_free(f for d in layout for f in d), "returns a view of an input")
             for dim in layout:
                 if len([f for f in dim if f != 1]) > 1:
@@ -378,6 +380,10 @@ class _Analyzer:
         # The attention op is tagged random for its dropout; its rule checks dropout_p.
         if torch.Tag.nondeterministic_seeded in target.tags and target is not _ATTENTION:
             self._unknown(node, "is random: padded shapes would draw different numbers")
+            return ()
+        if target._schema.is_mutable:
+            # Writes into its argument: into our padded copy, not the caller's tensor.
+            self._unknown(node, "writes in place into a tensor sized by it")
             return ()
         if target is aten.copy.default:
             self._pointwise(node)
@@ -453,6 +459,10 @@ def _symbols_of(val: Any) -> set:
 
 
 def _op_name(node: torch.fx.Node) -> str:
+    if node.op == "placeholder":
+        return f"input {node.name}"
+    if node.op == "output":
+        return "the graph"
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return str(target)
@@ -728,7 +738,7 @@ def _rule_embedding(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
     if weight is None or indices is None:
         a._unknown(node)
         return ()
-    a.mark(_sym_syms(tuple(f for d in weight for f in d)), "looks rows up in a table sized by it")
+    a.mark(_sym_syms(weight[0]), "looks rows up in a table sized by it")
     a.layouts[node] = indices + (weight[-1],)
     return ()
 
@@ -876,7 +886,7 @@ def _rule_attention(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
     if dropout:
         a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "drops attention at random along it")
     causal = is_causal and mask is None and q[2] == k[2]
-    if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
+    if any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users):
         # The decomposition that masks padded keys returns only the output.
         a.mark(_sym_syms(k[2]), "reads attention's logsumexp over it")
     if not causal:

@@ -218,7 +218,8 @@ def compile_stablehlo(
     if loaded is None:
         source = "xla"
         compile_started = time.perf_counter()
-        loaded = platform.client.compile_and_load(module, devices, _compile_options())
+        with report.stage("xla"):
+            loaded = platform.client.compile_and_load(module, devices, _compile_options())
         if disk_cache is not None:
             _store(disk_cache, key, module, loaded, platform, time.perf_counter() - compile_started)
     _memory_cache[digest] = loaded

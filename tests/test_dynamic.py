@@ -1,0 +1,347 @@
+"""Dynamic shapes: the padding-safety analysis, bounded lowerings and compiles,
+buckets, the recompile budget, SymInt arguments, symbolic output shapes.
+
+Compiled results are compared with eager at torch.testing's float32 defaults
+(rtol 1.3e-6, atol 1e-5) for elementwise graphs and at rtol 1e-4 / atol 1e-5
+for models with matmuls and softmax (XLA sums in a different order; padded
+runs sum the same real terms, since padded ones are exact zeros or masked).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import tpu_inductor.report as report
+from tests.models import GPT, MLP
+from tpu_inductor.config import Config
+from tpu_inductor.dynamic.buckets import BucketPolicy
+from tpu_inductor.errors import ConfigError, RecompileBudgetError, RecompileBudgetWarning
+from tpu_inductor.passes.decompositions import decomposition_table
+from tpu_inductor.passes.padding_safety import analyze_padding, expr_of
+
+OPTIONS = {"cache": False}
+MODEL_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def compiled(fn, dynamic=None, **options):
+    return torch.compile(fn, backend="tpu", options={**OPTIONS, **options}, dynamic=dynamic)
+
+
+def verdicts(fn, *inputs) -> dict[tuple[int, int], str]:
+    """(input, dim) -> "safe" or the analysis' reason, on fn's symbolic ATen graph."""
+    gm = make_fx(
+        fn, decomposition_table=decomposition_table(keep_attention=True), tracing_mode="symbolic"
+    )(*inputs)
+    analysis = analyze_padding(gm)
+    found = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for index, node in enumerate(placeholders):
+        for dim, size in enumerate(node.meta["val"].shape):
+            symbols = expr_of(size).free_symbols
+            if symbols:
+                (symbol,) = symbols
+                found[(index, dim)] = "safe" if symbol in analysis.safe else analysis.unsafe[symbol]
+    return found
+
+
+def dynamic_records():
+    return report.current().dynamic_graphs
+
+
+def islands_of(graph_id: int):
+    return next(g for g in report.current().graphs if g.graph_id == graph_id).islands
+
+
+# --- the padding-safety analysis -------------------------------------------------
+
+
+def _mlp(x, w):
+    return torch.relu(x @ w).tanh() + 1
+
+
+def _merge_split(x, w):
+    b, t, c = x.shape
+    return (x.reshape(b * t, c) @ w).view(b, t, -1).sigmoid()
+
+
+def _causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+
+def _bidirectional(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v) * 2
+
+
+def _embed(idx, table):
+    return F.embedding(idx, table) * 2
+
+
+Q = torch.randn(2, 3, 5, 4)
+
+
+@pytest.mark.parametrize(
+    "fn, inputs, safe",
+    [
+        (_mlp, (torch.randn(5, 7), torch.randn(7, 3)), [(0, 0), (1, 1)]),
+        (_merge_split, (torch.randn(2, 5, 7), torch.randn(7, 3)), [(0, 0), (0, 1), (1, 1)]),
+        (_causal, (Q, Q.clone(), Q.clone()), [(0, 0), (0, 1), (0, 2)]),
+        (_embed, (torch.randint(0, 11, (2, 5)), torch.randn(11, 4)), [(0, 0), (0, 1), (1, 1)]),
+        (lambda x: x.unsqueeze(0).expand(3, -1, -1).permute(2, 0, 1) * 2, (torch.randn(5, 7),), [(0, 0), (0, 1)]),
+    ],
+    ids=["mlp-batch", "view-merge-split", "causal-attention-seq", "embedding-lookup", "expand-permute"],
+)
+def test_analysis_proves_position_preserving_dims_safe(fn, inputs, safe):
+    found = verdicts(fn, *inputs)
+    for key in safe:
+        assert found[key] == "safe", (key, found[key])
+
+
+@pytest.mark.parametrize(
+    "fn, inputs, key, reason",
+    [
+        (lambda x: x.sum(0) + 1, (torch.randn(5, 7),), (0, 0), "reduces over it"),
+        (lambda x: x.mean(0) + 1, (torch.randn(5, 7),), (0, 0), "reduces over it"),
+        (lambda x: x.softmax(0), (torch.randn(5, 7),), (0, 0), "normalises over it"),
+        (lambda x: F.layer_norm(x, x.shape[-1:]), (torch.randn(5, 7),), (0, 1), "over it"),
+        (lambda x: x.cumsum(0) * 2, (torch.randn(5, 7),), (0, 0), "scans along it"),
+        (_bidirectional, (Q, Q.clone(), Q.clone()), (0, 2), "without a causal mask"),
+        (lambda x, w: x @ w, (torch.randn(5, 7), torch.randn(7, 3)), (0, 1), "contracts over it"),
+        (lambda x: x * x.shape[0], (torch.randn(5, 7),), (0, 0), "as a value"),
+        (lambda x: x[-1] * 2, (torch.randn(5, 7),), (0, 0), "picks one position"),
+        (lambda x: torch.cat([x, x]) * 2, (torch.randn(5, 7),), (0, 0), "concatenates along it"),
+        (lambda x: x.flip(0) * 2, (torch.randn(5, 7),), (0, 0), "reverses it"),
+        (lambda x: x.sort(0).values, (torch.randn(5, 7),), (0, 0), "sorts along it"),
+    ],
+    ids=["sum", "mean", "softmax", "layer_norm", "cumsum", "non-causal-attention", "matmul-k",
+         "size-as-value", "select-last", "cat", "flip", "sort"],
+)
+def test_analysis_rejects_dims_where_positions_mix(fn, inputs, key, reason):
+    found = verdicts(fn, *inputs)
+    assert found[key] != "safe"
+    assert reason in found[key], found[key]
+
+
+class _PositionEmbedding(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 12, 4))
+
+    def forward(self, x):
+        return x + self.pos[:, : x.shape[1]]
+
+
+def test_prefix_slice_of_a_parameter_bounds_the_bucket():
+    model = _PositionEmbedding()
+    fn = compiled(model)
+    with torch.no_grad():
+        for length in (5, 7, 11, 9):
+            x = torch.randn(2, length, 4)
+            torch.testing.assert_close(fn(x), model(x))
+    (dynamic,) = dynamic_records()
+    assert dynamic.padded  # safe, but never padded past the parameter's 12 rows
+    assert _compiled_buckets() == [8, 12]
+
+
+# --- bounded lowerings and compiles, results equal to eager ---------------------
+
+
+def test_mlp_many_batch_sizes_one_lowering_one_compile_per_bucket():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    fn = compiled(model)
+    sizes = random.Random(0).sample(range(2, 41), 24)
+    with torch.no_grad():
+        for size in sizes:
+            x = torch.randn(size, 16)
+            torch.testing.assert_close(fn(x), model(x), **MODEL_TOL)
+    (dynamic,) = dynamic_records()
+    assert dynamic.lowerings == 1 and list(dynamic.padded.values()) == ["L['x'].size()[0]"]
+    buckets = {BucketPolicy().bucket(s) for s in sizes[1:]}  # the first call is traced static
+    recompiles = report.current().recompiles
+    assert {r.bucket[next(iter(r.bucket))] for r in recompiles} == buckets
+    assert all(r.outcome == "compiled" for r in recompiles)
+    assert len(islands_of(dynamic.graph_id)) == len(buckets)
+    assert report.compile_counts()["dynamo_traces"] == 2
+
+
+def test_causal_decoder_many_lengths_padded_along_the_sequence():
+    torch.manual_seed(0)
+    model = GPT(block_size=64).eval()
+    fn = compiled(model)
+    lengths = random.Random(1).sample(range(3, 65), 12)
+    with torch.no_grad():
+        for length in lengths:
+            idx = torch.randint(0, 50, (2, length))
+            torch.testing.assert_close(fn(idx), model(idx), **MODEL_TOL)
+    (dynamic,) = dynamic_records()
+    assert list(dynamic.padded.values()) == ["L['idx'].size()[1]"] and not dynamic.exact
+    assert dynamic.lowerings == 1
+    assert len(report.current().recompiles) == len({BucketPolicy().bucket(n) for n in lengths[1:]})
+    assert report.compile_counts()["dynamo_traces"] == 2
+    assert not report.current().fallbacks()
+
+
+def test_padded_value_rows_never_leak_into_causal_attention():
+    # log(0) = -inf in the padded rows of v: 0 * -inf would be NaN without the masking.
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, torch.log(v), is_causal=True)
+
+    fn = compiled(attend, dynamic=True)
+    for length in (5, 11, 3):
+        q, k = torch.randn(1, 2, length, 4), torch.randn(1, 2, length, 4)
+        v = torch.rand(1, 2, length, 4) + 0.5
+        torch.testing.assert_close(fn(q, k, v), attend(q, k, v), **MODEL_TOL)
+    (dynamic,) = dynamic_records()
+    assert len(dynamic.padded) >= 1 and all("s" in k for k in dynamic.padded)
+    assert any(r.bucket != r.sizes for r in report.current().recompiles)
+
+
+def test_non_causal_attention_compiles_at_exact_lengths():
+    def attend(x):
+        return F.scaled_dot_product_attention(x, x, x) + 1
+
+    fn = compiled(attend)
+    for length in (4, 6, 9):
+        x = torch.randn(1, 2, length, 8)
+        torch.testing.assert_close(fn(x), attend(x), **MODEL_TOL)
+    (dynamic,) = dynamic_records()
+    assert "without a causal mask" in next(iter(dynamic.exact.values()))
+    assert all(r.bucket == r.sizes for r in report.current().recompiles)
+
+
+@pytest.mark.parametrize("mode", ["dynamic=True", "mark_dynamic"])
+def test_one_symbolic_trace_with_dynamic_true_and_mark_dynamic(mode):
+    model = MLP().eval()
+    fn = compiled(model, dynamic=True if mode == "dynamic=True" else None)
+    with torch.no_grad():
+        for size in (3, 9, 5, 17, 12):
+            x = torch.randn(size, 16)
+            if mode == "mark_dynamic":
+                torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(fn(x), model(x), **MODEL_TOL)
+    assert report.compile_counts()["dynamo_traces"] == 1
+    (dynamic,) = dynamic_records()
+    assert dynamic.lowerings == 1 and "L['x'].size()[0]" in dynamic.padded.values()
+    assert _compiled_buckets() == [4, 8, 16, 32]  # of sizes 3, 9, 5, 17, 12
+
+
+def test_training_step_with_dynamic_batch_matches_eager_gradients():
+    torch.manual_seed(0)
+    model, reference = MLP(), MLP()
+    reference.load_state_dict(model.state_dict())
+    fn = compiled(model)
+    for size in (4, 6, 11, 13):
+        x = torch.randn(size, 16)
+        fn(x).square().sum().backward()
+        reference(x).square().sum().backward()
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, expected.grad, **MODEL_TOL)
+    kinds = {d.kind: d for d in dynamic_records()}
+    assert kinds["forward"].padded and "contracts over it" in next(iter(kinds["backward"].exact.values()))
+
+
+def test_symint_arguments_become_constants_per_bucket():
+    def f(x, n):
+        return x * n + torch.arange(n).sum()
+
+    fn = compiled(f, dynamic=True)
+    for rows, n in [(4, 2), (5, 3), (7, 3), (9, 6)]:
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(fn(x, n), f(x, n))
+    (dynamic,) = dynamic_records()
+    assert any("as a value" in why for why in dynamic.exact.values())  # n is used as a number
+    assert "L['x'].size()[0]" in dynamic.padded.values()
+
+
+def test_output_shapes_that_depend_on_symbols():
+    def f(x):
+        return (
+            x.reshape(-1) * 2,
+            torch.cat([x, x]) + 1,
+            x.new_zeros(x.shape[0] * 2) + x.sum(),
+            x[: x.shape[0] // 2] - 1,
+            x.unsqueeze(0).expand(3, -1, -1) * 3,
+        )
+
+    fn = compiled(f)
+    for rows in (4, 6, 9, 13):
+        x = torch.randn(rows, 3)
+        got, expected = fn(x), f(x)
+        assert [t.shape for t in got] == [t.shape for t in expected]
+        torch.testing.assert_close(got, expected)
+
+    def g(x):  # padded along rows, output shapes still the real ones
+        return (x * 2).view(x.shape[0], -1, 1), x.t().relu()
+
+    fn = compiled(g, dynamic=True)
+    for rows in (3, 5, 6):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(fn(x), g(x))
+    assert dynamic_records()[-1].padded
+
+
+# --- buckets and the recompile budget -------------------------------------------
+
+
+def _compiled_buckets() -> list[int]:
+    return sorted(next(iter(r.bucket.values())) for r in report.current().recompiles)
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({"bucket_sizes": [16, 64]}, [16, 64]),
+        ({"bucket_step": 8}, [8, 16, 24]),
+        ({"bucket_max": 8, "bucket_min": 4}, [4, 8, 12, 20]),
+    ],
+)
+def test_bucket_options(options, expected):
+    fn = compiled(lambda x: x * 2 + 1, dynamic=True, **options)
+    for rows in (3, 7, 12, 20):
+        x = torch.randn(rows, 2)
+        torch.testing.assert_close(fn(x), x * 2 + 1)
+    assert _compiled_buckets() == expected
+
+
+def _normalise_rows(x):
+    return x.softmax(0) * 2  # softmax over the dynamic dim: exact sizes only
+
+
+def test_recompile_budget_warns_names_the_dim_and_runs_eagerly():
+    fn = compiled(_normalise_rows, recompile_budget=2)
+    sizes = (4, 6, 10, 13, 20)
+    with pytest.warns(RecompileBudgetWarning) as caught:
+        for rows in sizes:
+            x = torch.randn(rows, 3)
+            torch.testing.assert_close(fn(x), _normalise_rows(x))
+    (warning,) = caught
+    message = str(warning.message)
+    assert "L['x'].size()[0]" in message and "recompile_budget" in message
+    assert "normalises over it" in message
+    outcomes = [r.outcome for r in report.current().recompiles]
+    assert outcomes == ["compiled", "compiled", "eager: recompile budget of 2 reached", "eager: recompile budget of 2 reached"]
+
+
+def test_recompile_budget_strict_raises():
+    fn = compiled(_normalise_rows, recompile_budget=1, strict=True)
+    fn(torch.randn(4, 3))
+    fn(torch.randn(6, 3))  # the symbolic graph, compiled for 6
+    with pytest.raises(RecompileBudgetError, match="recompile_budget"):
+        fn(torch.randn(7, 3))
+
+
+def test_bucket_options_from_config_and_environment():
+    config = Config.load({"bucket_sizes": "64, 16"}, environ={"TPU_INDUCTOR_RECOMPILE_BUDGET": "3"})
+    assert config.bucket_sizes == (16, 64) and config.recompile_budget == 3
+    assert Config.load({}, environ={}).recompile_budget == 8
+    with pytest.raises(ConfigError, match="bucket_max"):
+        Config.load({"bucket_min": 9, "bucket_max": 4}, environ={})
+    with pytest.raises(ConfigError, match="recompile_budget"):
+        Config.load({"recompile_budget": "many"}, environ={})
+    assert BucketPolicy(sizes=(16, 64)).bucket(70) == 70  # past the largest: exact
+    assert BucketPolicy().bucket(100, upper_bound=120) == 120

@@ -1,0 +1,180 @@
+"""Reproducer bundles for a lowering or XLA compile that failed.
+
+Why: when torch-mlir or XLA rejects an island the user's call still
+succeeds (the island is retried without the failing op), but the failure is
+a bug in one of those components or in our support table, and it should be
+something a user can hand to someone else: the ATen graph as code, the MLIR
+that failed, the diagnostics, and the command that replays it.
+
+Where: under the report directory when one is set
+(``<report_dir>/tpu_inductor-<stamp>-<pid>/repro/<n>-g<graph>-<island>/``);
+else under the cache directory (``<cache_dir>/repro/<pid>-<stamp>-<n>/``),
+because a failure is learned (remembered in the cache directory) and so
+happens once per environment, and the cache directory is the one place we
+already own (``tpu-inductor cache clear`` removes it); with neither (cache
+off and no report directory) nothing is written and the failure is only
+logged. Never ``/tmp``: names there clash between processes and users.
+Each bundle is announced by one warning that names its directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from tpu_inductor import report as record
+
+log = logging.getLogger(__name__)
+
+_count = 0
+
+
+def _torch_mlir_opt() -> str:
+    """The ``torch-mlir-opt`` binary shipped inside the torch_mlir wheel."""
+    try:
+        from torch_mlir import _mlir_libs  # torch_mlir itself is a namespace package
+
+        candidate = Path(_mlir_libs.__file__).parent / "torch-mlir-opt"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:  # pragma: no cover - torch_mlir is a dependency
+        pass
+    return "torch-mlir-opt"
+
+
+def bundle_dir(config: Any, graph_id: int, island: str) -> Optional[Path]:
+    """Where the next bundle goes, or None when there is nowhere to write it."""
+    global _count
+    from tpu_inductor.reporting import files
+
+    directories = files.active()
+    if directories:
+        return directories[0].new_repro_dir(f"g{graph_id}-{island}")
+    if config.cache:
+        _count += 1
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path(config.resolved_cache_dir) / "repro" / f"{os.getpid()}-{stamp}-{_count}"
+    return None
+
+
+_LOWERING_REPLAY = '''"""Replay the torch-mlir pipeline that failed: python replay.py"""
+from pathlib import Path
+
+import torch_mlir  # registers torch-mlir's passes
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+from torch_mlir.passmanager import PassManager
+
+PIPELINE = {pipeline!r}
+
+with ir.Context() as context:
+    torch_d.register_dialect(context)
+    module = ir.Module.parse((Path(__file__).parent / "failed.mlir").read_text())
+    PassManager.parse(PIPELINE).run(module.operation)  # raises with the diagnostics
+    print(module)
+'''
+
+_XLA_REPLAY = '''"""Replay the XLA compile that failed: python replay.py"""
+from pathlib import Path
+
+from tpu_inductor.runtime import compile_stablehlo, get_platform
+
+module = (Path(__file__).parent / "failed.mlir").read_text()
+compile_stablehlo(module, get_platform({platform!r}), None)  # raises XLA's error
+print("compiled")
+'''
+
+
+def _lowering_pipeline(stage: str) -> Optional[str]:
+    from tpu_inductor.lowering import stablehlo
+
+    return {
+        "FX -> Torch backend IR": stablehlo._TORCH_TO_BACKEND,
+        "Torch backend IR -> StableHLO": stablehlo._BACKEND_TO_STABLEHLO,
+    }.get(stage)
+
+
+def _graph_code(gm: Any) -> str:
+    try:
+        return gm.print_readable(print_output=False)
+    except Exception:  # an odd graph must not stop the bundle
+        return str(getattr(gm, "code", gm))
+
+
+def write_bundle(island: Any, error: Exception, context: Any, graph: record.GraphRecord) -> Optional[Path]:
+    """Write the bundle for ``island``'s failure, record it and log one line.
+
+    Never raises: the bundle is a courtesy, the fallback is what the user needs.
+    """
+    from tpu_inductor.lowering.stablehlo import IslandLoweringError
+    from tpu_inductor.reporting import trace
+
+    lowering = isinstance(error, IslandLoweringError)
+    stage = f"torch-mlir: {error.stage}" if lowering else "XLA"
+    message = (error.diagnostics[0] if lowering and error.diagnostics else str(error)).strip()
+    first_line = message.splitlines()[0] if message else type(error).__name__
+    files: dict[str, str] = {
+        "aten_graph.py": _graph_code(island.graph),
+        "whole_graph.py": _graph_code(island.owner),
+        "diagnostics.txt": "\n".join(error.diagnostics) if lowering else str(error),
+    }
+    if lowering:
+        pipeline = _lowering_pipeline(error.stage) or ""
+        files["failed.mlir"] = error.ir
+        files["replay.py"] = _LOWERING_REPLAY.format(pipeline=pipeline)
+        files["replay.sh"] = (
+            "#!/bin/sh\n# Replays the torch-mlir pipeline that failed; prints the same diagnostics.\n"
+            f'cd "$(dirname "$0")" && {shlex.quote(_torch_mlir_opt())} '
+            f"--pass-pipeline={shlex.quote(pipeline)} failed.mlir\n"
+        )
+    else:
+        try:
+            from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
+            from tpu_inductor.reporting.files import stablehlo_text
+
+            files["failed.mlir"] = stablehlo_text(lower_to_stablehlo(island.graph).module)
+        except Exception as exc:  # lowering worked a moment ago; say so if not now
+            files["failed.mlir"] = f"// could not lower the island again: {exc}\n"
+        files["replay.py"] = _XLA_REPLAY.format(platform=context.platform.name)
+        files["replay.sh"] = (
+            "#!/bin/sh\n# Replays the XLA compile that failed.\n"
+            f'cd "$(dirname "$0")" && {shlex.quote(sys.executable)} replay.py\n'
+        )
+    files["README.txt"] = (
+        f"{stage} failed for island {island.name} of ATen graph {graph.graph_id} ({graph.kind}).\n"
+        f"{first_line}\n\n"
+        "The call did not fail: tpu_inductor retried the island without the failing op(s),\n"
+        "which ran in eager PyTorch.\n\n"
+        "aten_graph.py    the island as an ATen FX graph (the part that was lowered)\n"
+        "whole_graph.py   the ATen graph the island was cut from\n"
+        "failed.mlir      the MLIR handed to the stage that failed\n"
+        "diagnostics.txt  what the stage said\n"
+        "replay.sh        replays the failure (replay.py does the same from Python)\n"
+    )
+    trace.artifact("tpu_inductor_repro", lambda: "\n\n".join(f"# {k}\n{v}" for k, v in files.items()))
+
+    path = None
+    try:
+        path = bundle_dir(context.config, graph.graph_id, island.name)
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (path / name).write_text(text, encoding="utf-8")
+            (path / "replay.sh").chmod(0o755)
+    except OSError as exc:
+        log.info("tpu_inductor: cannot write the reproducer for %s: %s", island.name, exc)
+        path = None
+    record.record_repro(record.ReproRecord(graph.graph_id, island.name, stage, first_line, str(path) if path else None))
+    if path is not None:
+        log.warning(
+            "tpu_inductor: %s failed for %s of graph %d (retried without the failing op); reproducer: %s",
+            stage, island.name, graph.graph_id, path,
+        )
+    else:
+        log.info("tpu_inductor: %s failed for %s of graph %d: %s", stage, island.name, graph.graph_id, first_line)
+    return path

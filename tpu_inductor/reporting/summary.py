@@ -1,0 +1,147 @@
+"""``str(report)``: the few lines that answer "what happened to my model".
+
+Why: the first look at a report is a terminal. Counts first, then the
+things a user acts on (graph breaks, fallbacks, recompiles), each with its
+source line, then where compile time went; long lists are cut, the JSON and
+the HTML page have everything. The table helpers here are shared with the
+HTML page so both views agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from tpu_inductor import report as record
+
+# The stages in pipeline order; anything else a stage recorder adds follows.
+STAGE_ORDER = ("dynamo", "aot_autograd", "passes", "backend", "torch-mlir", "xla")
+STAGE_LABELS = {
+    "dynamo": "Dynamo",
+    "aot_autograd": "AOTAutograd",
+    "passes": "passes",
+    "backend": "partitioning & cache",
+    "torch-mlir": "torch-mlir",
+    "xla": "XLA",
+}
+_MAX_LINES = 8
+
+
+@dataclasses.dataclass
+class FallbackRow:
+    """Eager nodes of one op in one graph, for one reason at one source line."""
+
+    graph_id: int
+    kind: str
+    op: str
+    reason: str
+    source: Optional[str]
+    count: int
+
+
+def fallback_rows(report: record.Report) -> list[FallbackRow]:
+    rows: dict[tuple, FallbackRow] = {}
+    for graph in report.graphs:
+        for fallback in graph.fallbacks:
+            key = (graph.graph_id, fallback.op, fallback.reason, fallback.source)
+            if key in rows:
+                rows[key].count += 1
+            else:
+                rows[key] = FallbackRow(graph.graph_id, graph.kind, *key[1:], count=1)
+    return list(rows.values())
+
+
+def lowered_ops(graph: record.GraphRecord) -> dict[str, int]:
+    """ATen op -> nodes of it that run on the device, over the graph's islands."""
+    counts: dict[str, int] = {}
+    for island in graph.islands:
+        for op, count in island.ops.items():
+            counts[op] = counts.get(op, 0) + count
+    return counts
+
+
+def ordered_stages(stage_seconds: dict[str, float]) -> list[tuple[str, float]]:
+    known = [(s, stage_seconds[s]) for s in STAGE_ORDER if s in stage_seconds]
+    rest = sorted((s, v) for s, v in stage_seconds.items() if s not in STAGE_ORDER)
+    return known + rest
+
+
+def stage_seconds(report: record.Report) -> dict[str, float]:
+    from tpu_inductor.reporting.serialize import _stage_seconds
+
+    return _stage_seconds(report)
+
+
+def trace_where(report: record.Report, trace_index: Optional[int]) -> str:
+    if trace_index is None or not 0 <= trace_index < len(report.traces):
+        return ""
+    trace = report.traces[trace_index]
+    return trace.frame or f"trace {trace.index}"
+
+
+def _cut(lines: list[str]) -> list[str]:
+    if len(lines) <= _MAX_LINES:
+        return lines
+    return lines[:_MAX_LINES] + [f"  ... {len(lines) - _MAX_LINES} more (see the JSON or HTML report)"]
+
+
+def first_line(text: Optional[str]) -> str:
+    """Dynamo's reasons come with a user stack after the first line."""
+    lines = (text or "").strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""  # guards are padded with spaces
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def summarize(report: record.Report) -> str:
+    seconds = stage_seconds(report)
+    fallbacks = report.fallbacks()
+    misses = report.cache_misses()
+    recompiles = len(report.dynamo_recompiles()) + len(report.recompiles)
+    lines = [
+        f"tpu_inductor report: {_plural(len(report.traces), 'Dynamo graph')}, "
+        f"{_plural(len(report.graph_breaks), 'graph break')}, {_plural(recompiles, 'recompile')}; "
+        f"{_plural(len(report.graphs), 'ATen graph')}, {_plural(len(report.islands()), 'device island')}, "
+        f"{_plural(len(fallbacks), 'node')} in eager; cache {report.cache_hits()} hit(s), "
+        f"{sum(misses.values())} miss(es); compile {sum(seconds.values()):.2f} s"
+    ]
+    if report.graph_breaks:
+        lines.append("Graph breaks:")
+        lines += _cut([f"  {b.source or '?'}: {b.reason}" for b in report.graph_breaks])
+    rows = fallback_rows(report)
+    if rows:
+        lines.append("Ran in eager PyTorch (op x count, source, reason):")
+        lines += _cut(
+            [f"  {r.op} x{r.count} at {r.source or '?'} (graph {r.graph_id}): {r.reason}" for r in rows]
+        )
+    if recompiles:
+        lines.append("Recompiles:")
+        lines += _cut(
+            [
+                f"  {t.frame or 'trace ' + str(t.index)} [{t.compile_id}]: {first_line(t.reason)}"
+                for t in report.dynamo_recompiles()
+            ]
+            + [f"  graph {r.graph_id} ({r.kind}): {r.cause} -> {r.outcome}" for r in report.recompiles]
+        )
+    if misses:
+        lines.append("Cache misses: " + ", ".join(f"{reason} x{n}" for reason, n in misses.items()))
+    if seconds:
+        lines.append(
+            "Compile time: "
+            + ", ".join(f"{STAGE_LABELS.get(s, s)} {v:.2f} s" for s, v in ordered_stages(seconds))
+        )
+    if report.graphs:
+        lines.append("Graphs:")
+        lines += _cut(
+            [
+                f"  #{g.graph_id} {g.kind}: {g.num_nodes} nodes, {_plural(len(g.islands), 'island')}, "
+                f"{len(g.fallbacks)} eager, run {g.executions}x"
+                for g in report.graphs
+            ]
+        )
+    if report.repros:
+        lines.append("Reproducers:")
+        lines += _cut([f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.path}" for r in report.repros])
+    return "\n".join(lines)
