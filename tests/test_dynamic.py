@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
-from tests.models import GPT, MLP
+from models import GPT, MLP  # tests/ is on sys.path (pytest rootdir-relative import)
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic.buckets import BucketPolicy
 from tpu_inductor.errors import ConfigError, RecompileBudgetError, RecompileBudgetWarning

@@ -598,43 +598,58 @@ def _compiled(fn):
     return torch.compile(fn, backend="tpu", options=OPTIONS, dynamic=False, fullgraph=True)
 
 
-# Silent wrong numbers the sweep found. They are not claimed; these xfails keep
-# the repros running and turn into failures (strict) once the bug is fixed, so
-# the op can join the claim.
-WRONG_NUMBERS = {
-    "negative_index": (
-        lambda x, i: x[i],
-        (torch.arange(5.0), torch.tensor([-1, -2, 0])),
-        "advanced indexing does not wrap negative indices (also torch.take, index_put)",
+# Silent wrong numbers the sweep found in torch-mlir's lowerings, each pinned
+# by a regression test. Some are fixed by a rewrite before lowering, so the op
+# stays on the device (checked under strict); the others are routed to eager,
+# so the default run matches and strict refuses them by name.
+FIXED_ON_DEVICE = {
+    "negative_index": (lambda x, i: x[i], (torch.arange(5.0), torch.tensor([-1, -2, 0]))),
+    "negative_index_2d": (
+        lambda x, i, j: x[i, j],
+        (torch.arange(12.0).reshape(3, 4), torch.tensor([-1, 0]), torch.tensor([-4, 3])),
     ),
-    "take_negative": (
-        torch.take,
-        (torch.arange(9.0).reshape(3, 3), torch.tensor([-7, -4, -1])),
-        "torch.take does not wrap negative indices",
+    "take_negative": (torch.take, (torch.arange(9.0).reshape(3, 3), torch.tensor([-7, -4, -1]))),
+    "index_put_negative": (
+        lambda x, i: x.index_put((i,), torch.tensor([7.0, 1.0]), accumulate=True),
+        (torch.zeros(5), torch.tensor([-1, -1])),
+    ),
+    "remainder_negative": (lambda x: x % 3.0, (torch.tensor([-7.0, 7.0, -36.0, 5.0]),)),
+    "remainder_int_by_float": (lambda x: x % -2.5, (torch.tensor([-7, 7, -36, 5]),)),
+}
+
+ROUTED_TO_EAGER = {
+    "sign_of_constant": (
+        lambda x: x * torch.scalar_tensor(3.0).sign(),
+        (torch.tensor([-7.0, 7.0]),),
+        "aten.sign",
     ),
     "avg_pool3d_divisor_override": (
         lambda x: torch.nn.functional.avg_pool3d(x, 2, stride=1, padding=1, divisor_override=2),
         (torch.linspace(-3, 3, 64).reshape(1, 1, 4, 4, 4),),
-        "avg_pool3d ignores divisor_override",
+        "aten.avg_pool3d",
     ),
     "logcumsumexp_large": (
         lambda x: torch.logcumsumexp(x, 0),
         (torch.tensor([100.0, 50.0]),),
-        "logcumsumexp overflows to inf (log(cumsum(exp(x))) without max subtraction)",
+        "aten.logcumsumexp",
     ),
 }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason=why, strict=True, raises=AssertionError))
-        for name, (_, _, why) in WRONG_NUMBERS.items()
-    ],
-)
-def test_known_wrong_numbers(case):
-    fn, args, _ = WRONG_NUMBERS[case]
+@pytest.mark.parametrize("case", sorted(FIXED_ON_DEVICE))
+def test_wrong_lowering_fixed_on_device(case):
+    fn, args = FIXED_ON_DEVICE[case]
     assert_matches(_compiled(fn)(*args), fn(*args))
+
+
+@pytest.mark.parametrize("case", sorted(ROUTED_TO_EAGER))
+def test_wrong_lowering_routed_to_eager(case):
+    fn, args, op = ROUTED_TO_EAGER[case]
+    default = torch.compile(fn, backend="tpu", options={"cache": False}, dynamic=False)
+    assert_matches(default(*args), fn(*args))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=op):
+        _compiled(fn)(*args)
 
 
 def test_comparison_rejects_a_wrong_number():

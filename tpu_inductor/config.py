@@ -92,17 +92,20 @@ class Config:
     """Pad dynamic dims to multiples of this instead of powers of two.
     Env: ``TPU_INDUCTOR_BUCKET_STEP``."""
 
-    bucket_min: int = dataclasses.field(default=1, metadata={"kind": "count"})
-    """Smallest bucket: smaller sizes are padded up to it. Env: ``TPU_INDUCTOR_BUCKET_MIN``."""
+    bucket_min: int = dataclasses.field(default=2, metadata={"kind": "count"})
+    """Smallest bucket: smaller sizes are padded up to it. The default 2 pads a
+    size of 1 no more than any power-of-two bucket pads, and spares it an
+    executable of its own. Env: ``TPU_INDUCTOR_BUCKET_MIN``."""
 
     bucket_max: Optional[int] = dataclasses.field(default=None, metadata={"kind": "count"})
     """Largest bucket: bigger sizes compile at their exact size.
     Env: ``TPU_INDUCTOR_BUCKET_MAX``."""
 
     recompile_budget: int = dataclasses.field(default=8, metadata={"kind": "count"})
-    """Executables (one per bucket of shapes) a graph with dynamic shapes may
-    compile; past it, new shapes run in eager PyTorch with a warning (or raise
-    under ``strict``). Env: ``TPU_INDUCTOR_RECOMPILE_BUDGET``."""
+    """Buckets of shapes (one executable per device island each) a graph with
+    dynamic shapes may compile; the sizes it was traced at always compile. Past
+    it, new shapes run in eager PyTorch with a warning (or raise under
+    ``strict``). Env: ``TPU_INDUCTOR_RECOMPILE_BUDGET``."""
 
     xla_flags: str = dataclasses.field(default="", metadata={"env": "XLA_FLAGS", "option": False})
     """The ``XLA_FLAGS`` environment value. XLA reads it itself when the PJRT

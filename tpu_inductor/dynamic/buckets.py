@@ -26,7 +26,7 @@ class BucketPolicy:
 
     sizes: tuple[int, ...] = ()
     step: Optional[int] = None
-    minimum: int = 1
+    minimum: int = 2
     maximum: Optional[int] = None
 
     @classmethod

@@ -146,7 +146,8 @@ class DynamicShapeGraph:
 
     def _specialise(self, key: tuple, bucket: dict, sizes: dict) -> bool:
         """Compile the islands for a new bucket; False when it must run eagerly."""
-        budget = self.context.config.recompile_budget
+        # The sizes the graph was traced at always compile, so a budget of 0 acts as 1.
+        budget = max(self.context.config.recompile_budget, 1)
         if key in self._eager_keys:
             return False
         if len(self._compiled) >= budget:

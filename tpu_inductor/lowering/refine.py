@@ -41,9 +41,19 @@ class RefinementError(LoweringError):
 
 @functools.cache
 def _register_passes() -> None:
-    from torch_mlir._mlir_libs import _stablehlo
+    from torch_mlir import ir
+    from torch_mlir._mlir_libs import _mlir, _stablehlo
 
     _stablehlo.register_stablehlo_passes()
+    # torch-mlir ships no Python module for these dialects, and every op view of
+    # an unregistered one retries importing ``torch_mlir.dialects.<name>``:
+    # that failed import was 80% of a refinement. Empty bindings end the search.
+    for namespace in ("stablehlo", "chlo"):
+        binding = type(f"_{namespace}_dialect", (ir.Dialect,), {"DIALECT_NAMESPACE": namespace})
+        try:
+            _mlir.register_dialect(binding)
+        except RuntimeError:  # a real binding is already registered: better still
+            pass
 
 
 def _context():

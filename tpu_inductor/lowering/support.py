@@ -11,6 +11,10 @@ A node is lowered unless one of these says no, in this order:
 4. a lowering of it failed before (learned at run time, remembered in memory
    and in the cache directory so later processes skip the failed attempt).
 
+One graph-level rule sits beside them: :meth:`SupportTable.constant_fold_hazards`
+keeps comparisons and ``sign`` of compile-time constants off the device, where
+torch-mlir would fold them to wrong values.
+
 ``tests/test_ops.py`` keeps the table honest: every op it calls supported
 lowers and matches eager on OpInfo sample inputs.
 """
@@ -155,6 +159,11 @@ KNOWN_UNSUPPORTED = frozenset(
     }
 )
 
+# torch-mlir lowers these to wrong numbers: never lowered.
+KNOWN_WRONG = {
+    "aten.logcumsumexp": "torch-mlir's lowering overflows (logcumsumexp([100., 50.]) gave inf)",
+}
+
 # Lowerable in principle, but eager semantics need torch's own RNG stream.
 EAGER_ONLY = frozenset(
     {
@@ -177,6 +186,14 @@ EAGER_ONLY = frozenset(
 
 _ALWAYS_LOWERABLE = frozenset({operator.getitem})
 
+# torch-mlir folds these wrongly when their tensor inputs are compile-time
+# constants: sign(3.0) -> -1 and 3.0 < 0 -> True (torch-mlir 20261001; negative
+# constants fold right). Run eagerly, their results reach the island as
+# arguments, which nothing can fold.
+FOLDS_WRONGLY_ON_CONSTANTS = frozenset(
+    {"aten.sign", "aten.lt", "aten.gt", "aten.le", "aten.ge", "aten.eq", "aten.ne"}
+)
+
 
 def op_key(target: object) -> str:
     """``aten.add`` for ``aten.add.Tensor``: the unit the table speaks in."""
@@ -191,6 +208,29 @@ def _tensors(value: object) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
+    """Argument patterns that torch-mlir lowers to a wrong result or a crash."""
+    schema_args = [a.name for a in node.target._schema.arguments]
+    first = node.args[0] if node.args else None
+    first_value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    if "dim" in schema_args and isinstance(first_value, torch.Tensor) and first_value.dim() == 0:
+        # x.sum(0, keepdim=True) on a 0-d tensor segfaults inside torch-mlir.
+        return "reduction over a 0-d tensor crashes torch-mlir"
+    if key == "aten.avg_pool3d" and _argument(node, "divisor_override") is not None:
+        # Lowered, but the override was ignored: the result divided by the window.
+        return "torch-mlir ignores avg_pool3d's divisor_override"
+    return None
+
+
+def _argument(node: torch.fx.Node, name: str) -> object:
+    for position, argument in enumerate(node.target._schema.arguments):
+        if argument.name == name:
+            if name in node.kwargs:
+                return node.kwargs[name]
+            return node.args[position] if position < len(node.args) else argument.default_value
+    return None
 
 
 class SupportTable:
@@ -236,6 +276,23 @@ class SupportTable:
             except OSError as exc:
                 log.debug("tpu_inductor: cannot persist learned ops: %s", exc)
 
+    @staticmethod
+    def constant_fold_hazards(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+        """Nodes that must not lower because torch-mlir would fold them wrongly."""
+        from_inputs: set[torch.fx.Node] = set()
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr") or any(
+                a in from_inputs for a in node.all_input_nodes
+            ):
+                from_inputs.add(node)
+        return {
+            node: "torch-mlir folds this op wrongly on constants; computed eagerly"
+            for node in gm.graph.nodes
+            if node.op == "call_function"
+            and node not in from_inputs
+            and op_key(node.target) in FOLDS_WRONGLY_ON_CONSTANTS
+        }
+
     def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
         """None when ``node`` lowers; else a short reason for reports and errors."""
         if node.op != "call_function":
@@ -261,6 +318,11 @@ class SupportTable:
             return "shape depends on the data"
         if key in KNOWN_UNSUPPORTED:
             return "torch-mlir has no StableHLO lowering for it"
+        if key in KNOWN_WRONG:
+            return KNOWN_WRONG[key]
+        hazard = _known_bad_lowering(node, key)
+        if hazard:
+            return hazard
         if key in EAGER_ONLY:
             return "random op: runs in eager to use torch's generator"
         return self._learned.get(self.signature(node))

@@ -15,12 +15,15 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.decompositions import decomposition_table
+from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
+from tpu_inductor.passes.wrap_negative_indices import wrap_negative_indices
 
 log = logging.getLogger(__name__)
 
 GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
-PIPELINE: tuple[GraphPass, ...] = (remove_dead_code,)
+# Correctness rewrites first (each works around a wrong lowering), then cleanup.
+PIPELINE: tuple[GraphPass, ...] = (scalar_tensor_as_full, wrap_negative_indices, remove_dead_code)
 
 
 def run_passes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

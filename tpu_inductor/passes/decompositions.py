@@ -25,9 +25,21 @@ def _python_remainder(a, b):
     ``3``. Eager computes fmod and then shifts results whose sign differs from
     the divisor's; we emit exactly that.
     """
-    r = torch.fmod(a, b)
-    shift = (r != 0) & ((r < 0) != (torch.as_tensor(b) < 0))
-    return torch.where(shift, r + b, r)
+    dtype = torch.result_type(a, b)
+    if isinstance(b, torch.Tensor):
+        # Promote explicitly: torch-mlir's fmod of an int tensor by a float
+        # divisor truncated the divisor to int (5 % -2.5 computed as 5 % -2).
+        a, b = a.to(dtype), b.to(dtype)
+        r = torch.fmod(a, b)
+        # "r and b have nonzero, different signs", in arithmetic: XLA's
+        # verifier rejects comparing booleans with each other.
+        differs = (torch.sign(r) * torch.sign(b)) < 0
+    else:
+        # fmod's Scalar overload does not lower; a 0-d divisor is the same
+        # computation, and the divisor's sign is known here, in Python.
+        r = torch.fmod(a.to(dtype), torch.full((), b, dtype=dtype))
+        differs = r > 0 if b < 0 else r < 0
+    return torch.where(differs, r + b, r)
 
 
 def _shift_by_tensor(tensor_op):
@@ -40,6 +52,25 @@ def _shift_by_tensor(tensor_op):
 
     def shift(a, amount):
         return tensor_op(a, torch.scalar_tensor(amount, dtype=a.dtype))
+
+    return shift
+
+
+def _broadcast_shift(tensor_op):
+    """Shift operands broadcast to one shape before the shift.
+
+    torch-mlir emits ``stablehlo.shift_left`` on operands of different shapes
+    when both need broadcasting (``[5, 1] << [5]``), and MLIR aborts the whole
+    process on it (``LLVM ERROR: Failed to infer result type``). Equal shapes
+    (or a 0-d amount) lower fine, so only the broadcasting case is rewritten;
+    the inner call has equal shapes and is left alone.
+    """
+
+    def shift(a, amount):
+        if a.shape == amount.shape or amount.dim() == 0:
+            return NotImplemented
+        shape = torch.broadcast_shapes(a.shape, amount.shape)
+        return tensor_op(a.expand(shape), amount.expand(shape))
 
     return shift
 
@@ -84,10 +115,15 @@ def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1,
 _OURS: dict = {
     aten.remainder.Tensor: _python_remainder,
     aten.remainder.Scalar: _python_remainder,
+    aten.remainder.Scalar_Tensor: lambda a, b: _python_remainder(
+        torch.full((), a, dtype=torch.result_type(a, b)), b
+    ),
     aten.__lshift__.Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
     aten.__rshift__.Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
     aten.bitwise_left_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
+    aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
+    aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
     aten.convolution_backward.default: _conv1d_backward_as_2d,
     aten.max_pool2d_with_indices.default: _max_pool2d_default_stride,
     # torch-mlir cannot lower the pooling backward; PyTorch's decomposition

@@ -524,7 +524,7 @@ def _regroup(source: Layout, out_shape: Sequence[sympy.Expr]) -> Optional[Layout
             if i >= len(factors):
                 return None
             factor = factors[i]
-            remaining = sympy.simplify(size / product)
+            remaining = size / product  # sympy cancels common factors itself
             if factor.is_Integer and remaining.is_Integer and factor > remaining:
                 if factor % remaining:
                     return None

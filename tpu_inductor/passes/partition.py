@@ -57,11 +57,15 @@ NON_COMPUTE_OPS = (
 
 
 class _TableSupport(OperatorSupportBase):
-    def __init__(self, table: SupportTable) -> None:
+    def __init__(self, table: SupportTable, hazards: dict[torch.fx.Node, str]) -> None:
         self.table = table
+        self.hazards = hazards
+
+    def reason(self, node: torch.fx.Node) -> Optional[str]:
+        return self.hazards.get(node) or self.table.unsupported_reason(node)
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        return self.table.unsupported_reason(node) is None
+        return self.reason(node) is None
 
 
 def _is_compute(node: torch.fx.Node) -> bool:
@@ -118,9 +122,10 @@ class PartitionPlan:
 
 def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionPlan:
     """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched."""
+    support = _TableSupport(table, table.constant_fold_hazards(gm))
     partitioner = CapabilityBasedPartitioner(
         gm,
-        _TableSupport(table),
+        support,
         allows_single_node_partition=True,
         non_compute_ops=list(NON_COMPUTE_OPS),
     )
@@ -138,7 +143,7 @@ def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionP
     for node in gm.graph.nodes:
         if node.op != "call_function" or node in in_islands:
             continue
-        reason = table.unsupported_reason(node)
+        reason = support.reason(node)
         # Shape arithmetic (sym_size, asserts on SymBools) is bookkeeping, not a fallback.
         if reason is not None and _is_compute(node) and _produces_tensor(node):
             eager.append(EagerNode(node, reason))
