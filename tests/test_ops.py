@@ -615,14 +615,15 @@ FIXED_ON_DEVICE = {
     ),
     "remainder_negative": (lambda x: x % 3.0, (torch.tensor([-7.0, 7.0, -36.0, 5.0]),)),
     "remainder_int_by_float": (lambda x: x % -2.5, (torch.tensor([-7, 7, -36, 5]),)),
+    "sign_of_constant": (lambda x: x * torch.scalar_tensor(3.0).sign(), (torch.tensor([-7.0, 7.0]),)),
+    "compare_constant": (
+        lambda x: torch.where(torch.scalar_tensor(0.5) > 0, x, -x),
+        (torch.tensor([-7.0, 7.0]),),
+    ),
 }
 
 ROUTED_TO_EAGER = {
-    "sign_of_constant": (
-        lambda x: x * torch.scalar_tensor(3.0).sign(),
-        (torch.tensor([-7.0, 7.0]),),
-        "aten.sign",
-    ),
+
     "avg_pool3d_divisor_override": (
         lambda x: torch.nn.functional.avg_pool3d(x, 2, stride=1, padding=1, divisor_override=2),
         (torch.linspace(-3, 3, 64).reshape(1, 1, 4, 4, 4),),

@@ -369,6 +369,9 @@ class _DynamicSupport:
     def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
         return self.base.unsupported_reason(node) or self.learned.get(self.base.signature(node))
 
+    def constant_fold_hazards(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+        return self.base.constant_fold_hazards(gm)
+
 
 def _failure_reason(error: Exception) -> str:
     if isinstance(error, IslandLoweringError):

@@ -12,8 +12,8 @@ A node is lowered unless one of these says no, in this order:
    and in the cache directory so later processes skip the failed attempt).
 
 One graph-level rule sits beside them: :meth:`SupportTable.constant_fold_hazards`
-keeps comparisons and ``sign`` of compile-time constants off the device, where
-torch-mlir would fold them to wrong values.
+computes 0-d compile-time constants that feed comparisons and ``sign`` on the
+host, where torch-mlir would fold those comparisons to wrong values.
 
 ``tests/test_ops.py`` keeps the table honest: every op it calls supported
 lowers and matches eager on OpInfo sample inputs.
@@ -186,10 +186,10 @@ EAGER_ONLY = frozenset(
 
 _ALWAYS_LOWERABLE = frozenset({operator.getitem})
 
-# torch-mlir folds these wrongly when their tensor inputs are compile-time
-# constants: sign(3.0) -> -1 and 3.0 < 0 -> True (torch-mlir 20261001; negative
-# constants fold right). Run eagerly, their results reach the island as
-# arguments, which nothing can fold.
+# torch-mlir folds these wrongly when their input is a 0-d compile-time
+# constant: sign(3.0) -> -1 and 3.0 < 0 -> True (torch-mlir 20261001; negative
+# values, and constant vectors such as iotas, fold right). Run eagerly, their
+# results reach the island as arguments, which nothing can fold.
 FOLDS_WRONGLY_ON_CONSTANTS = frozenset(
     {"aten.sign", "aten.lt", "aten.gt", "aten.le", "aten.ge", "aten.eq", "aten.ne"}
 )
@@ -212,10 +212,11 @@ def _tensors(value: object) -> list[torch.Tensor]:
 
 def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
     """Argument patterns that torch-mlir lowers to a wrong result or a crash."""
-    schema_args = [a.name for a in node.target._schema.arguments]
+    schema_args = {a.name for a in node.target._schema.arguments}
     first = node.args[0] if node.args else None
     first_value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
-    if "dim" in schema_args and isinstance(first_value, torch.Tensor) and first_value.dim() == 0:
+    is_reduction = {"dim", "keepdim"} <= schema_args
+    if is_reduction and isinstance(first_value, torch.Tensor) and first_value.dim() == 0:
         # x.sum(0, keepdim=True) on a 0-d tensor segfaults inside torch-mlir.
         return "reduction over a 0-d tensor crashes torch-mlir"
     if key == "aten.avg_pool3d" and _argument(node, "divisor_override") is not None:
@@ -278,20 +279,32 @@ class SupportTable:
 
     @staticmethod
     def constant_fold_hazards(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
-        """Nodes that must not lower because torch-mlir would fold them wrongly."""
+        """0-d constants to compute on the host, so torch-mlir cannot fold them.
+
+        Returns the producers of 0-d compile-time constants that feed a
+        comparison or ``sign``. Computed eagerly, they reach the island as
+        arguments: the comparison itself still runs on the device.
+        """
         from_inputs: set[torch.fx.Node] = set()
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "get_attr") or any(
                 a in from_inputs for a in node.all_input_nodes
             ):
                 from_inputs.add(node)
-        return {
-            node: "torch-mlir folds this op wrongly on constants; computed eagerly"
-            for node in gm.graph.nodes
-            if node.op == "call_function"
-            and node not in from_inputs
-            and op_key(node.target) in FOLDS_WRONGLY_ON_CONSTANTS
-        }
+        hazards = {}
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or op_key(node.target) not in FOLDS_WRONGLY_ON_CONSTANTS:
+                continue
+            for constant in node.all_input_nodes:
+                value = constant.meta.get("val")
+                if (
+                    constant.op == "call_function"
+                    and constant not in from_inputs
+                    and isinstance(value, torch.Tensor)
+                    and value.dim() == 0
+                ):
+                    hazards[constant] = "0-d constant kept on the host: torch-mlir folds comparisons of it wrongly"
+        return hazards
 
     def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
         """None when ``node`` lowers; else a short reason for reports and errors."""

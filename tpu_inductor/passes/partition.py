@@ -144,7 +144,10 @@ def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionP
         if node.op != "call_function" or node in in_islands:
             continue
         reason = support.reason(node)
-        # Shape arithmetic (sym_size, asserts on SymBools) is bookkeeping, not a fallback.
+        # Shape arithmetic (sym_size, asserts on SymBools) is bookkeeping, and a
+        # host-side constant is a choice, not a fallback.
+        if node in support.hazards:
+            continue
         if reason is not None and _is_compute(node) and _produces_tensor(node):
             eager.append(EagerNode(node, reason))
     return PartitionPlan(islands=islands, eager=eager, partitions=partitions)
