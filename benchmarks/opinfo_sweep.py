@@ -40,7 +40,7 @@ def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: 
     import torch
 
     import tpu_inductor.report as report
-    from test_ops import TOLERANCES, as_function, opinfos, samples
+    from test_ops import as_function, assert_matches, opinfos, plain_opinfo_calls, samples
 
     dtype = getattr(torch, dtype_name)
     options = {"cache": False}
@@ -63,22 +63,24 @@ def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: 
                 report.reset()
                 fn, tensors = as_function(op, sample)
                 try:
-                    expected = fn(*[t.clone() for t in tensors])
+                    torch.manual_seed(0)
+                    with plain_opinfo_calls():
+                        expected = fn(*[t.clone() for t in tensors])
                 except Exception:
                     result["outcome"] = "skipped"
                     continue
                 compiled = torch.compile(fn, backend="tpu", options=options, dynamic=False)
                 try:
                     torch.manual_seed(0)
-                    actual = compiled(*[t.clone() for t in tensors])
+                    with plain_opinfo_calls():
+                        actual = compiled(*[t.clone() for t in tensors])
                 except Exception as exc:
                     is_dynamo = "torch._dynamo.exc" in type(exc).__module__ and "BackendCompilerFailed" not in type(exc).__name__
                     result["outcome"] = "dynamo_error" if is_dynamo else "error"
                     result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
                     break
-                rtol, atol = TOLERANCES[dtype]
                 try:
-                    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+                    assert_matches(actual, expected)
                 except Exception as exc:
                     result["outcome"] = "mismatch"
                     result["error"] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__

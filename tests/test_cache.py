@@ -252,7 +252,7 @@ def _total(cache_dir) -> int:
 def test_lru_eviction_under_the_size_cap(tmp_path):
     a = _keys(run(tmp_path, 4))
     size_a = _total(tmp_path)
-    b = _keys(run(tmp_path, 5))
+    _keys(run(tmp_path, 5))
     size_b = _total(tmp_path) - size_a
     assert_warm(tmp_path, 4)  # A is now more recently used than B
     cap = size_a + int(1.5 * max(size_a, size_b))

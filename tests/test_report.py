@@ -24,7 +24,7 @@ import tpu_inductor
 import tpu_inductor.report as report
 from tpu_inductor import compiled_graph
 from tpu_inductor.lowering import support
-from tpu_inductor.reporting import files, html as report_html, serialize
+from tpu_inductor.reporting import files, serialize
 from tpu_inductor.runtime import executable
 
 HERE = __file__

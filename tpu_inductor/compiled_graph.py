@@ -23,12 +23,12 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
-from tpu_inductor.errors import LoweringError, UnsupportedOpError, describe_node, user_source_line
+from tpu_inductor.errors import LoweringError, describe_node, user_source_line
 from tpu_inductor.lowering.cache import lower_cached
-from tpu_inductor.lowering.stablehlo import IslandLoweringError, lower_to_stablehlo
+from tpu_inductor.lowering.stablehlo import IslandLoweringError, failure_reason, lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable, op_key
 from tpu_inductor.passes import run_passes
-from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands
+from tpu_inductor.passes.partition import Island, PartitionPlan, check_strict, fuse_islands, propose_islands
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
     DeviceExecutable,
@@ -152,7 +152,7 @@ def build_compiled_graph(
     else:  # pragma: no cover - guarded by the bound above
         raise LoweringError("tpu_inductor: partitioning did not converge")
 
-    _check_strict(plan, context.config)
+    check_strict(plan, context.config.strict)
     for eager in plan.eager:
         record.fallbacks.append(
             report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
@@ -209,7 +209,7 @@ def _compile_islands(
 def _learn_from_failure(island: Island, error: Exception, context: CompileContext) -> None:
     """Find the ops that broke ``island`` and teach the support table about them."""
     named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
-    reason = _failure_reason(error)
+    reason = failure_reason(error)
     culprits = [
         (n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named
     ]
@@ -221,15 +221,6 @@ def _learn_from_failure(island: Island, error: Exception, context: CompileContex
     for node, why in culprits:
         log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
         context.support.learn(context.support.signature(node), why)
-
-
-def _failure_reason(error: Exception) -> str:
-    """One line naming the component that refused and what it said."""
-    if isinstance(error, IslandLoweringError):
-        detail = error.diagnostics[0] if error.diagnostics else error.stage
-        return f"torch-mlir: {detail.splitlines()[0]}"
-    lines = str(error).strip().splitlines()
-    return f"XLA: {lines[0] if lines else type(error).__name__}"
 
 
 # Allocation ops lower to tensor.empty, which XLA rejects in a graph of its
@@ -261,15 +252,5 @@ def _probe_nodes_alone(
             lowered = lower_to_stablehlo(single)
             compile_stablehlo(lowered.module, context.platform, None)
         except Exception as probe_error:  # torch-mlir and XLA raise many types
-            failures.append((node, _failure_reason(probe_error)))
+            failures.append((node, failure_reason(probe_error)))
     return failures
-
-
-def _check_strict(plan: PartitionPlan, config: Config) -> None:
-    if not config.strict or not plan.eager:
-        return
-    lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
-    raise UnsupportedOpError(
-        f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n{lines}\n"
-        "Set strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them in eager PyTorch."
-    )

@@ -41,11 +41,10 @@ from tpu_inductor.errors import (
     LoweringError,
     RecompileBudgetError,
     RecompileBudgetWarning,
-    UnsupportedOpError,
     describe_node,
     user_source_line,
 )
-from tpu_inductor.lowering.stablehlo import IslandLoweringError
+from tpu_inductor.lowering.stablehlo import IslandLoweringError, failure_reason
 from tpu_inductor.lowering.support import op_key
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes import run_passes
@@ -53,7 +52,7 @@ from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.dense_empty import dense_empty
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
-from tpu_inductor.passes.partition import Island, fuse_islands, propose_islands
+from tpu_inductor.passes.partition import Island, check_strict, fuse_islands, propose_islands
 
 if TYPE_CHECKING:
     from tpu_inductor.compiled_graph import CompileContext
@@ -296,13 +295,7 @@ class DynamicShapeGraph:
         else:  # pragma: no cover - each retry moves at least one node to eager
             raise LoweringError("tpu_inductor: partitioning did not converge")
 
-        if self.context.config.strict and plan.eager:
-            lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
-            raise UnsupportedOpError(
-                f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n"
-                f"{lines}\nSet strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them "
-                "in eager PyTorch."
-            )
+        check_strict(plan, self.context.config.strict)
         for eager in plan.eager:
             self.record.fallbacks.append(
                 report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
@@ -324,7 +317,7 @@ class DynamicShapeGraph:
         A failure with dynamic shapes says nothing about the same op in a
         static graph, so it is not written to the persistent support table.
         """
-        reason = _failure_reason(error)
+        reason = failure_reason(error)
         named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
         culprits = [(n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named]
         if not culprits:
@@ -352,7 +345,7 @@ class DynamicShapeGraph:
             try:
                 self._island(probe, None).prepare(key, bucket)
             except Exception as exc:  # torch-mlir, refinement and XLA raise many types
-                failures.append((node, _failure_reason(exc)))
+                failures.append((node, failure_reason(exc)))
         return failures
 
 
@@ -371,14 +364,6 @@ class _DynamicSupport:
 
     def constant_fold_hazards(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
         return self.base.constant_fold_hazards(gm)
-
-
-def _failure_reason(error: Exception) -> str:
-    if isinstance(error, IslandLoweringError):
-        detail = error.diagnostics[0] if error.diagnostics else error.stage
-        return f"torch-mlir: {detail.splitlines()[0]}"
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def _observed(graph_pass, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -115,3 +115,12 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredM
 
 def first_failed_op(error: IslandLoweringError) -> Optional[str]:
     return error.failed_ops[0] if error.failed_ops else None
+
+
+def failure_reason(error: Exception) -> str:
+    """One line naming the component that refused an island and what it said."""
+    if isinstance(error, IslandLoweringError):
+        detail = error.diagnostics[0] if error.diagnostics else error.stage
+        return f"torch-mlir: {detail.splitlines()[0]}"
+    lines = str(error).strip().splitlines()
+    return f"XLA: {lines[0] if lines else type(error).__name__}"

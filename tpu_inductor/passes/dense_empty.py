@@ -19,6 +19,7 @@ import torch.fx
 from torch._prims_common import make_contiguous_strides_for
 
 from tpu_inductor.passes.padding_safety import expr_of
+from tpu_inductor.passes.rewrite import replace_with_call
 
 aten = torch.ops.aten
 
@@ -32,12 +33,7 @@ def dense_empty(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         default = make_contiguous_strides_for(val.shape)
         if not all(sympy.expand(expr_of(a) - expr_of(b)) == 0 for a, b in zip(val.stride(), default)):
             continue
-        size = node.args[0]
-        with gm.graph.inserting_before(node):
-            empty = gm.graph.call_function(aten.empty.memory_format, (size,), dict(node.kwargs))
-        empty.meta = dict(node.meta)
-        node.replace_all_uses_with(empty)
-        gm.graph.erase_node(node)
+        replace_with_call(gm, node, aten.empty.memory_format, (node.args[0],), dict(node.kwargs))
         changed = True
     if changed:
         gm.recompile()

@@ -172,3 +172,16 @@ def node_for_failed_op(island: Island, op: str) -> Optional[torch.fx.Node]:
         if node.op == "call_function" and op_key(node.target) == op:
             return node
     return None
+
+
+def check_strict(plan: PartitionPlan, strict: bool) -> None:
+    """Under ``strict``, any compute op left to eager is an error naming it."""
+    from tpu_inductor.errors import UnsupportedOpError, describe_node
+
+    if not strict or not plan.eager:
+        return
+    lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
+    raise UnsupportedOpError(
+        f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n{lines}\n"
+        "Set strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them in eager PyTorch."
+    )

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from tpu_inductor.passes.rewrite import replace_with_call
+
 aten = torch.ops.aten
 
 
@@ -23,11 +25,7 @@ def scalar_tensor_as_full(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.scalar_tensor.default)):
         (value,) = node.args
         kwargs = {k: v for k, v in node.kwargs.items() if k in ("dtype", "layout", "device", "pin_memory")}
-        with gm.graph.inserting_before(node):
-            full = gm.graph.call_function(aten.full.default, ([], value), kwargs)
-        full.meta = dict(node.meta)
-        node.replace_all_uses_with(full)
-        gm.graph.erase_node(node)
+        replace_with_call(gm, node, aten.full.default, ([], value), kwargs)
         changed = True
     if changed:
         gm.recompile()
