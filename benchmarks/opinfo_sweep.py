@@ -17,6 +17,10 @@ Outcomes per (op, dtype):
              counted separately as ``dynamo_error``, not against the backend)
   crash      the worker process died
   skipped    no usable sample, or eager itself fails on every sample
+  random / nondeterministic
+             eager itself gives different results under another seed, or
+             twice under one (uninitialized memory): no reference to compare
+             with, so these are excluded from pass %, as in Inductor's sweeps
 """
 
 from __future__ import annotations
@@ -63,9 +67,13 @@ def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: 
                 report.reset()
                 fn, tensors = as_function(op, sample)
                 try:
-                    torch.manual_seed(0)
-                    with plain_opinfo_calls():
-                        expected = fn(*[t.clone() for t in tensors])
+                    expected = _eager(fn, tensors, seed=0)
+                    if not _same(expected, _eager(fn, tensors, seed=0)):
+                        result["outcome"] = "nondeterministic"  # uninitialized memory
+                        break
+                    if not _same(expected, _eager(fn, tensors, seed=1)):
+                        result["outcome"] = "random"  # depends on the generator
+                        break
                 except Exception:
                     result["outcome"] = "skipped"
                     continue
@@ -93,6 +101,25 @@ def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: 
             result["seconds"] = round(time.perf_counter() - started, 3)
             out.write(json.dumps(result) + "\n")
             out.flush()
+
+
+def _eager(fn, tensors, seed: int):
+    import torch
+    from test_ops import plain_opinfo_calls
+
+    torch.manual_seed(seed)
+    with plain_opinfo_calls():
+        return fn(*[t.clone() for t in tensors])
+
+
+def _same(a, b) -> bool:
+    from test_ops import assert_matches
+
+    try:
+        assert_matches(a, b)
+    except AssertionError:
+        return False
+    return True
 
 
 def _all_op_ids() -> list[str]:
@@ -134,7 +161,8 @@ def _run_dtype(op_ids: list[str], dtype: str, workdir: Path, chunk: int, samples
 
 def summarise(results: dict[str, dict]) -> dict:
     outcomes = Counter(r["outcome"] for r in results.values())
-    ran = [r for r in results.values() if r["outcome"] not in ("skipped", "dynamo_error")]
+    excluded = ("skipped", "dynamo_error", "random", "nondeterministic")
+    ran = [r for r in results.values() if r["outcome"] not in excluded]
     passed = [r for r in ran if r["outcome"] == "pass"]
     lowered = [r for r in passed if not r.get("fallbacks")]
     return {
@@ -147,6 +175,7 @@ def summarise(results: dict[str, dict]) -> dict:
         "crash": outcomes["crash"],
         "dynamo_error": outcomes["dynamo_error"],
         "skipped": outcomes["skipped"],
+        "random_or_nondeterministic": outcomes["random"] + outcomes["nondeterministic"],
         "fully_lowered_pct": round(100 * len(lowered) / max(len(passed), 1), 2),
     }
 

@@ -49,7 +49,6 @@ from tpu_inductor.lowering.support import op_key
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
-from tpu_inductor.passes.dense_empty import dense_empty
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.passes.partition import Island, check_strict, fuse_islands, propose_islands
@@ -89,7 +88,7 @@ class DynamicShapeGraph:
             graph, self._length_symbols = decompose_attention(graph, self.analysis.safe)
             return graph
 
-        for graph_pass in (attention, dense_empty, hoist_sizes):
+        for graph_pass in (attention, hoist_sizes):
             gm = _observed(graph_pass, gm)
         self.binding = ShapeBinding(placeholders, gm.graph.output_node().args[0], self.analysis.safe)
         self.symbols = self.binding.symbols

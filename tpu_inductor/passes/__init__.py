@@ -15,6 +15,7 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.decompositions import decomposition_table
+from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
 from tpu_inductor.passes.wrap_negative_indices import wrap_negative_indices
 
@@ -23,7 +24,12 @@ log = logging.getLogger(__name__)
 GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 # Correctness rewrites first (each works around a wrong lowering), then cleanup.
-PIPELINE: tuple[GraphPass, ...] = (scalar_tensor_as_full, wrap_negative_indices, remove_dead_code)
+PIPELINE: tuple[GraphPass, ...] = (
+    scalar_tensor_as_full,
+    empty_as_zeros,
+    wrap_negative_indices,
+    remove_dead_code,
+)
 
 
 def run_passes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
