@@ -168,3 +168,20 @@ def test_scalar_only_arithmetic_is_not_worth_a_device_call():
     (graph,) = report.current().graphs
     (island,) = graph.islands  # only the sum over the vector
     assert island.num_nodes == 1
+
+
+def test_island_whose_inputs_contradict_metadata_runs_its_aten_graph():
+    """_batch_norm_with_update's eager kernel returns bf16 running stats where its
+    fake kernel promises float32; the island after it must not be fed a
+    mismatched buffer (XLA would reject it) but still produce eager's result."""
+
+    def f(x, weight, bias, mean, var):
+        out, *_ = torch.ops.aten._batch_norm_with_update(x, weight, bias, mean, var, 0.5, 0.6)
+        return out * 2, mean + 1
+
+    args = [torch.randn(5, 5, 5).bfloat16()] + [torch.rand(5).bfloat16() + 0.5 for _ in range(4)]
+    expected = f(*[a.clone() for a in args])
+    got = compiled(f)(*[a.clone() for a in args])
+    torch.testing.assert_close(got, expected)
+    reasons = [f.reason for f in report.current().fallbacks()]
+    assert any("metadata promised otherwise" in r for r in reasons), reasons

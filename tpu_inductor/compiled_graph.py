@@ -38,7 +38,7 @@ from tpu_inductor.runtime import (
     select_platform,
 )
 from tpu_inductor.runtime.disk_cache import DiskCache
-from tpu_inductor.runtime.executable import component_versions
+from tpu_inductor.runtime.executable import TensorSpec, component_versions
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +82,52 @@ class DeviceIsland(torch.nn.Module):
     """The ``call_module`` target that replaces an island in the graph."""
 
     def __init__(
-        self, executable: DeviceExecutable, record: Optional[report.IslandRecord] = None
+        self,
+        executable: DeviceExecutable,
+        record: Optional[report.IslandRecord] = None,
+        *,
+        input_specs: Sequence[TensorSpec] = (),
+        aten_graph: Optional[torch.fx.GraphModule] = None,
+        graph_record: Optional[report.GraphRecord] = None,
     ) -> None:
         super().__init__()
         self.executable = executable
         self.record = record
+        self.input_specs = tuple(input_specs)
+        self.aten_graph = aten_graph
+        self.graph_record = graph_record
+        self._inputs_checked = not self.input_specs
+        self._run_eagerly = False
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.record is not None:
             self.record.executions += 1
+        if not self._inputs_checked:
+            self._check_inputs(tensors)
+        if self._run_eagerly:
+            return tuple(self.aten_graph(*tensors))
         return tuple(self.executable(*tensors))
+
+    def _check_inputs(self, tensors: Sequence[torch.Tensor]) -> None:
+        """The first call's inputs must be what the executable was compiled for.
+
+        They can differ when an eager kernel disagrees with its own metadata
+        (``_batch_norm_with_update`` returns bf16 running stats where its fake
+        kernel promises float32): the island then runs its ATen graph eagerly,
+        which is right by construction, and the report says why.
+        """
+        self._inputs_checked = True
+        got = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
+        if got == list(self.input_specs) or self.aten_graph is None:
+            return
+        reason = (
+            f"inputs arrived as {[(s.dtype, s.shape) for s in got if s not in self.input_specs]} "
+            "where the graph's metadata promised otherwise; island runs eagerly"
+        )
+        log.warning("tpu_inductor: %s: %s", self.executable.name, reason)
+        if self.graph_record is not None:
+            self.graph_record.fallbacks.append(report.FallbackRecord(self.executable.name, reason, None))
+        self._run_eagerly = True
 
 
 class _BoxedGraph:
@@ -158,11 +194,20 @@ def build_compiled_graph(
             report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
         )
         log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
-    executables = {island.name: island.executable for island in plan.islands}
     island_records = {island.name: island for island in record.islands}
+    devices = {
+        island.name: DeviceIsland(
+            island.executable,
+            island_records.get(island.name),
+            input_specs=island.input_specs,
+            aten_graph=island.graph,
+            graph_record=record,
+        )
+        for island in plan.islands
+    }
     fused = fuse_islands(gm, plan)
-    for name, executable in executables.items():
-        setattr(fused, name, DeviceIsland(executable, island_records.get(name)))
+    for name, device_island in devices.items():
+        setattr(fused, name, device_island)
     fused.meta[_RECORD_KEY] = record  # execution counts
     fused.recompile()
     return fused
@@ -189,6 +234,7 @@ def _compile_islands(
         island.executable = DeviceExecutable(
             loaded, context.platform, lowered.output_specs, name=f"{island.name} ({stats.key})"
         )
+        island.input_specs = lowered.input_specs
         records.append(
             report.IslandRecord(
                 name=island.name,
