@@ -215,10 +215,11 @@ def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
     schema_args = {a.name for a in node.target._schema.arguments}
     first = node.args[0] if node.args else None
     first_value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
-    is_reduction = {"dim", "keepdim"} <= schema_args
-    if is_reduction and isinstance(first_value, torch.Tensor) and first_value.dim() == 0:
-        # x.sum(0, keepdim=True) on a 0-d tensor segfaults inside torch-mlir.
-        return "reduction over a 0-d tensor crashes torch-mlir"
+    keeps_dims = {"dim", "keepdim"} <= schema_args and _argument(node, "keepdim") is True
+    if keeps_dims and isinstance(first_value, torch.Tensor) and first_value.dim() == 0:
+        # x.sum(0, keepdim=True) on a 0-d tensor segfaults inside torch-mlir
+        # (without keepdim it lowers fine).
+        return "keepdim reduction of a 0-d tensor crashes torch-mlir"
     if key == "aten.avg_pool3d" and _argument(node, "divisor_override") is not None:
         # Lowered, but the override was ignored: the result divided by the window.
         return "torch-mlir ignores avg_pool3d's divisor_override"
