@@ -38,7 +38,7 @@ from tpu_inductor.runtime import (
     select_platform,
 )
 from tpu_inductor.runtime.disk_cache import DiskCache
-from tpu_inductor.runtime.executable import TensorSpec, component_versions
+from tpu_inductor.runtime.executable import TensorSpec, key_versions
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ def _support_table(cache_root) -> SupportTable:
     """One table per cache directory, shared by every region of the process."""
     key = str(cache_root) if cache_root else None
     if key not in _support_tables:
-        # What failed with one torch-mlir/XLA may lower with the next: one file per versions.
-        versions = hashlib.sha256(repr(sorted(component_versions().items())).encode())
+        # What failed with one torch-mlir/XLA (or one version of our lowering
+        # code) may lower with the next: one file per versions + source digest.
+        versions = hashlib.sha256(repr(sorted(key_versions().items())).encode())
         name = f"learned_unsupported-{versions.hexdigest()[:12]}.json"
         _support_tables[key] = SupportTable(cache_root / name if cache_root else None)
     return _support_tables[key]
