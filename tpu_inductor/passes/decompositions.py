@@ -111,6 +111,23 @@ def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1,
     )
 
 
+def _diagonal_by_gather(x, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    """``diagonal`` as an advanced-indexing gather on the last two dims.
+
+    torch-mlir has no StableHLO lowering for ``aten.diagonal`` (it fails on the
+    int operands), and PyTorch's decomposition is an ``as_strided``, which XLA
+    rejects. Moving the two dims last and indexing them with paired aranges
+    gives the same values with the diagonal as the last dim, as eager does.
+    """
+    dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
+    rows, cols = x.shape[dim1], x.shape[dim2]
+    row_start, col_start = max(-offset, 0), max(offset, 0)
+    length = max(0, min(rows - row_start, cols - col_start))
+    moved = x.movedim((dim1, dim2), (-2, -1))
+    steps = torch.arange(length, device=x.device)
+    return moved[..., steps + row_start, steps + col_start]
+
+
 # Decompositions of our own: each fixes a wrong lowering or fills a gap.
 _OURS: dict = {
     aten.remainder.Tensor: _python_remainder,
@@ -125,6 +142,7 @@ _OURS: dict = {
     aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
     aten.convolution_backward.default: _conv1d_backward_as_2d,
+    aten.diagonal.default: _diagonal_by_gather,
     aten.max_pool2d_with_indices.default: _max_pool2d_default_stride,
     # torch-mlir cannot lower the pooling backward; PyTorch's decomposition
     # (a scatter_add of the gradients at the argmax indices) lowers exactly.
