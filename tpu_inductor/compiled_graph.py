@@ -270,12 +270,6 @@ def _learn_from_failure(island: Island, error: Exception, context: CompileContex
         context.support.learn(context.support.signature(node), why)
 
 
-# Allocation ops lower to tensor.empty, which XLA rejects in a graph of its
-# own; inside a real island their result is always overwritten, so a probe of
-# one alone proves nothing about the island.
-_UNPROBEABLE = frozenset({"aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty"})
-
-
 def _probe_nodes_alone(
     island: Island, context: CompileContext
 ) -> list[tuple[torch.fx.Node, str]]:
@@ -287,7 +281,7 @@ def _probe_nodes_alone(
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         signature = context.support.signature(node)
-        if signature in seen or op_key(node.target) in _UNPROBEABLE:
+        if signature in seen:
             continue
         seen.add(signature)
         # A multi-output op is probed with its getitems, so outputs are tensors.

@@ -1,4 +1,4 @@
-"""Allocate with ``full(size, 0)`` instead of ``empty`` / ``empty_strided``.
+"""Allocate with zeros instead of ``empty`` / ``empty_strided`` / ``empty_like``.
 
 Why: an uninitialized allocation lowers to ``tensor.empty``, which XLA
 rejects once it reaches an island output (``log_sigmoid_forward``'s unused
@@ -7,8 +7,11 @@ buffer, ``new_zeros`` built as ``empty_strided`` + ``fill``), and
 with no StableHLO lowering. Zeros are a valid value for memory whose contents
 are undefined, and XLA folds them away wherever they are overwritten.
 
-Before: ``empty_strided([4, 5], [5, 1], dtype=f32)``
-After:  ``full([4, 5], 0, dtype=f32)``
+Before: ``empty_strided([4, 5], [5, 1], dtype=f32)``; ``empty_like(%x)``
+After:  ``full([4, 5], 0, dtype=f32)``; ``full_like(%x, 0)``
+
+Strides (``empty_strided``, ``empty_permuted``) are dropped: XLA has no
+layouts to honour, and every reader of uninitialized memory writes it first.
 """
 
 from __future__ import annotations
@@ -20,17 +23,27 @@ from tpu_inductor.passes.rewrite import replace_with_call
 
 aten = torch.ops.aten
 
-_ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default)
-_FULL_KWARGS = ("dtype", "layout", "device", "pin_memory")
+# Allocation -> the op that fills the same shape with a value.
+_ALLOCATIONS = {
+    aten.empty.memory_format: aten.full.default,
+    aten.empty_strided.default: aten.full.default,
+    aten.empty_permuted.default: aten.full.default,
+    aten.empty_like.default: aten.full_like.default,
+}
+_KWARGS = {
+    aten.full.default: ("dtype", "layout", "device", "pin_memory"),
+    aten.full_like.default: ("dtype", "layout", "device", "pin_memory", "memory_format"),
+}
 
 
 def empty_as_zeros(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _ALLOCATIONS:
+        fill = _ALLOCATIONS.get(node.target) if node.op == "call_function" else None
+        if fill is None:
             continue
-        kwargs = {k: v for k, v in node.kwargs.items() if k in _FULL_KWARGS}
-        replace_with_call(gm, node, aten.full.default, (node.args[0], 0), kwargs)
+        kwargs = {k: v for k, v in node.kwargs.items() if k in _KWARGS[fill]}
+        replace_with_call(gm, node, fill, (node.args[0], 0), kwargs)
         changed = True
     if changed:
         gm.recompile()
