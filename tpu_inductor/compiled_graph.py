@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import operator
 from typing import Any, Optional, Sequence
 
 import torch
@@ -25,8 +24,9 @@ from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
 from tpu_inductor.errors import LoweringError, describe_node, user_source_line
 from tpu_inductor.lowering.cache import lower_cached
-from tpu_inductor.lowering.stablehlo import IslandLoweringError, failure_reason, lower_to_stablehlo
-from tpu_inductor.lowering.support import SupportTable, op_key
+from tpu_inductor.lowering.culprits import find_culprits
+from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
+from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.partition import Island, PartitionPlan, check_strict, fuse_islands, propose_islands
 from tpu_inductor.reporting import hooks
@@ -255,43 +255,10 @@ def _compile_islands(
 
 def _learn_from_failure(island: Island, error: Exception, context: CompileContext) -> None:
     """Find the ops that broke ``island`` and teach the support table about them."""
-    named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
-    reason = failure_reason(error)
-    culprits = [
-        (n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named
-    ]
-    if not culprits:
-        culprits = _probe_nodes_alone(island, context)
-    if not culprits:
-        # The ops lower alone but not together: keep this island's ops off the device.
-        culprits = [(n, reason) for n in island.nodes if n.op == "call_function"]
-    for node, why in culprits:
+
+    def lowers(probe: Island) -> None:
+        compile_stablehlo(lower_to_stablehlo(probe.graph).module, context.platform, None)
+
+    for node, why in find_culprits(island, error, context.support.signature, lowers):
         log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
         context.support.learn(context.support.signature(node), why)
-
-
-def _probe_nodes_alone(
-    island: Island, context: CompileContext
-) -> list[tuple[torch.fx.Node, str]]:
-    """Lower each distinct op signature of the island on its own; return the failures."""
-    from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
-
-    failures, seen = [], set()
-    for node in island.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        signature = context.support.signature(node)
-        if signature in seen:
-            continue
-        seen.add(signature)
-        # A multi-output op is probed with its getitems, so outputs are tensors.
-        getitems = [u for u in node.users if u.target is operator.getitem and u in island.nodes]
-        single, _, _ = fuse_as_graphmodule(
-            island.owner, [node, *getitems], "probe", always_return_tuple=True
-        )
-        try:
-            lowered = lower_to_stablehlo(single)
-            compile_stablehlo(lowered.module, context.platform, None)
-        except Exception as probe_error:  # torch-mlir and XLA raise many types
-            failures.append((node, failure_reason(probe_error)))
-    return failures

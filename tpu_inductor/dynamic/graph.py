@@ -23,7 +23,6 @@ the dim that kept changing and the options that help; ``strict`` raises.
 from __future__ import annotations
 
 import logging
-import operator
 import warnings
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -44,8 +43,7 @@ from tpu_inductor.errors import (
     describe_node,
     user_source_line,
 )
-from tpu_inductor.lowering.stablehlo import IslandLoweringError, failure_reason
-from tpu_inductor.lowering.support import op_key
+from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
@@ -316,36 +314,13 @@ class DynamicShapeGraph:
         A failure with dynamic shapes says nothing about the same op in a
         static graph, so it is not written to the persistent support table.
         """
-        reason = failure_reason(error)
-        named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
-        culprits = [(n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named]
-        if not culprits:
-            culprits = self._probe(island, key, bucket)
-        if not culprits:
-            culprits = [(n, reason) for n in island.nodes if n.op == "call_function"]
-        for node, why in culprits:
+
+        def lowers(probe: Island) -> None:
+            self._island(probe, None).prepare(key, bucket)
+
+        for node, why in find_culprits(island, error, self.context.support.signature, lowers):
             log.info("tpu_inductor: %s does not lower with dynamic shapes (%s)", describe_node(node), why)
             support.learned[support.signature(node)] = f"{why} (with dynamic shapes)"
-
-    def _probe(self, island: Island, key: tuple, bucket: dict) -> list[tuple[torch.fx.Node, str]]:
-        from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
-
-        failures, seen = [], set()
-        for node in island.nodes:
-            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-                continue
-            signature = self.context.support.signature(node)
-            if signature in seen:
-                continue
-            seen.add(signature)
-            getitems = [u for u in node.users if u.target is operator.getitem and u in island.nodes]
-            single, _, _ = fuse_as_graphmodule(island.owner, [node, *getitems], "probe", always_return_tuple=True)
-            probe = Island(name="probe", nodes=[node, *getitems], graph=single, owner=island.owner)
-            try:
-                self._island(probe, None).prepare(key, bucket)
-            except Exception as exc:  # torch-mlir, refinement and XLA raise many types
-                failures.append((node, failure_reason(exc)))
-        return failures
 
 
 class _DynamicSupport:
