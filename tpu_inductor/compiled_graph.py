@@ -22,13 +22,13 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
-from tpu_inductor.errors import LoweringError, describe_node, user_source_line
+from tpu_inductor.errors import LoweringError, describe_node
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
-from tpu_inductor.passes.partition import Island, PartitionPlan, check_strict, fuse_islands, propose_islands
+from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
     DeviceExecutable,
@@ -189,12 +189,7 @@ def build_compiled_graph(
     else:  # pragma: no cover - guarded by the bound above
         raise LoweringError("tpu_inductor: partitioning did not converge")
 
-    check_strict(plan, context.config.strict)
-    for eager in plan.eager:
-        record.fallbacks.append(
-            report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
-        )
-        log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
+    settle_eager(plan, context.config.strict, record)
     island_records = {island.name: island for island in record.islands}
     devices = {
         island.name: DeviceIsland(

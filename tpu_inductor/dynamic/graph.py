@@ -41,7 +41,6 @@ from tpu_inductor.errors import (
     RecompileBudgetError,
     RecompileBudgetWarning,
     describe_node,
-    user_source_line,
 )
 from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.symbolic import lower_symbolic
@@ -49,7 +48,7 @@ from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
-from tpu_inductor.passes.partition import Island, check_strict, fuse_islands, propose_islands
+from tpu_inductor.passes.partition import Island, fuse_islands, propose_islands, settle_eager
 
 if TYPE_CHECKING:
     from tpu_inductor.compiled_graph import CompileContext
@@ -292,11 +291,7 @@ class DynamicShapeGraph:
         else:  # pragma: no cover - each retry moves at least one node to eager
             raise LoweringError("tpu_inductor: partitioning did not converge")
 
-        check_strict(plan, self.context.config.strict)
-        for eager in plan.eager:
-            self.record.fallbacks.append(
-                report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
-            )
+        settle_eager(plan, self.context.config.strict, self.record)
         fused = fuse_islands(gm, plan)
         for name, target in islands.items():
             setattr(fused, name, target)

@@ -22,8 +22,9 @@ scalar arithmetic is not worth a PJRT call; those nodes stay eager.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import operator
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.fx
@@ -32,6 +33,11 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
 
 from tpu_inductor.lowering.support import SupportTable
+
+if TYPE_CHECKING:
+    from tpu_inductor import report
+
+log = logging.getLogger(__name__)
 
 ISLAND_PREFIX = "island_"
 
@@ -176,14 +182,20 @@ def node_for_failed_op(island: Island, op: str) -> Optional[torch.fx.Node]:
     return None
 
 
-def check_strict(plan: PartitionPlan, strict: bool) -> None:
-    """Under ``strict``, any compute op left to eager is an error naming it."""
-    from tpu_inductor.errors import UnsupportedOpError, describe_node
+def settle_eager(plan: PartitionPlan, strict: bool, record: "report.GraphRecord") -> None:
+    """Accept the compute ops left to eager: record each as a fallback, or,
+    under ``strict``, refuse them all in one error naming each op and line."""
+    from tpu_inductor import report
+    from tpu_inductor.errors import UnsupportedOpError, describe_node, user_source_line
 
-    if not strict or not plan.eager:
-        return
-    lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
-    raise UnsupportedOpError(
-        f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n{lines}\n"
-        "Set strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them in eager PyTorch."
-    )
+    if strict and plan.eager:
+        lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
+        raise UnsupportedOpError(
+            f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n{lines}\n"
+            "Set strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them in eager PyTorch."
+        )
+    for eager in plan.eager:
+        record.fallbacks.append(
+            report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
+        )
+        log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
