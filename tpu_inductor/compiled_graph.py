@@ -87,17 +87,15 @@ class DeviceIsland(torch.nn.Module):
         executable: DeviceExecutable,
         record: Optional[report.IslandRecord] = None,
         *,
-        input_specs: Sequence[TensorSpec] = (),
         aten_graph: Optional[torch.fx.GraphModule] = None,
         graph_record: Optional[report.GraphRecord] = None,
     ) -> None:
         super().__init__()
         self.executable = executable
         self.record = record
-        self.input_specs = tuple(input_specs)
         self.aten_graph = aten_graph
         self.graph_record = graph_record
-        self._inputs_checked = not self.input_specs
+        self._inputs_checked = not executable.input_specs
         self._run_eagerly = False
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -118,11 +116,12 @@ class DeviceIsland(torch.nn.Module):
         which is right by construction, and the report says why.
         """
         self._inputs_checked = True
+        expected = self.executable.input_specs
         got = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
-        if got == list(self.input_specs) or self.aten_graph is None:
+        if got == list(expected) or self.aten_graph is None:
             return
         reason = (
-            f"inputs arrived as {[(s.dtype, s.shape) for s in got if s not in self.input_specs]} "
+            f"inputs arrived as {[(s.dtype, s.shape) for s in got if s not in expected]} "
             "where the graph's metadata promised otherwise; island runs eagerly"
         )
         log.warning("tpu_inductor: %s: %s", self.executable.name, reason)
@@ -195,7 +194,6 @@ def build_compiled_graph(
         island.name: DeviceIsland(
             island.executable,
             island_records.get(island.name),
-            input_specs=island.input_specs,
             aten_graph=island.graph,
             graph_record=record,
         )
@@ -228,9 +226,12 @@ def _compile_islands(
         except Exception as exc:  # torch-mlir and XLA raise many types
             return island, exc
         island.executable = DeviceExecutable(
-            loaded, context.platform, lowered.output_specs, name=f"{island.name} ({stats.key})"
+            loaded,
+            context.platform,
+            lowered.output_specs,
+            name=f"{island.name} ({stats.key})",
+            input_specs=lowered.input_specs,
         )
-        island.input_specs = lowered.input_specs
         records.append(
             report.IslandRecord(
                 name=island.name,

@@ -107,8 +107,6 @@ class Island:
     """The graph the nodes belong to (to cut smaller pieces out of it)."""
     executable: Any = None
     """Set once the island is compiled."""
-    input_specs: Any = ()
-    """Shapes and dtypes the executable was compiled for."""
 
 
 @dataclasses.dataclass

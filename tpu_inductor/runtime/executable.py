@@ -111,10 +111,13 @@ class DeviceExecutable:
         platform: Platform,
         output_specs: Sequence[TensorSpec],
         name: str,
+        input_specs: Sequence[TensorSpec] = (),
     ) -> None:
         self._loaded = loaded
         self._platform = platform
         self._output_specs = tuple(output_specs)
+        self.input_specs = tuple(input_specs)
+        """Shapes and dtypes the executable was compiled for."""
         self._outputs_checked = False
         self.name = name
 
