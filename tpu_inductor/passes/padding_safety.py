@@ -288,6 +288,14 @@ class _Analyzer:
         found = self.layouts.get(node)
         return found if isinstance(found, tuple) and (not found or isinstance(found[0], tuple)) else None
 
+    def source_layout(self, node: torch.fx.Node) -> Optional[Layout]:
+        """The layout of ``node``'s first argument; when it has none, ``node``
+        is treated as an op without a rule (its dims are not proven safe)."""
+        source = self.layout(node.args[0])
+        if source is None:
+            self._unknown(node)
+        return source
+
     # -- node kinds --------------------------------------------------------
 
     def _placeholder(self, node: torch.fx.Node) -> None:
@@ -486,10 +494,8 @@ Rule = Callable[[_Analyzer, torch.fx.Node, Any], Optional[tuple[str, ...]]]
 def _rule_same_layout(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in _SAME_LAYOUT:
         return None
-    source = a.layout(node.args[0])
-    if source is None:
-        a._unknown(node)
-    else:
+    source = a.source_layout(node)
+    if source is not None:
         a.layouts[node] = source
     return ()
 
@@ -544,9 +550,8 @@ def _regroup(source: Layout, out_shape: Sequence[sympy.Expr]) -> Optional[Layout
 def _rule_permute(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in (aten.permute.default, aten.t.default, aten.transpose.int):
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     rank = len(source)
     if target is aten.permute.default:
@@ -568,9 +573,8 @@ def _rule_squeeze(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[s
         prims.squeeze.default,
     ):
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     rank = len(source)
     if target is aten.unsqueeze.default:
@@ -591,10 +595,9 @@ def _rule_squeeze(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[s
 def _rule_expand(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target is not aten.expand.default:
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     out = node.meta["val"].shape
     if source is None:
-        a._unknown(node)
         return ("size",)
     layout = []
     for k, size in enumerate(out):
@@ -610,9 +613,8 @@ def _rule_expand(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
 def _rule_reduction(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in _REDUCTIONS:
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     dim_name, keep_name = _REDUCTIONS[target]
     rank = len(source)
@@ -636,9 +638,8 @@ def _rule_mixes_along(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tup
     if target not in _MIXES_ALONG:
         return None
     name, index, default, why = _MIXES_ALONG[target]
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     rank = len(source)
     raw = node.kwargs.get(name, node.args[index] if index is not None and index < len(node.args) else default)
@@ -655,9 +656,8 @@ def _rule_mixes_along(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tup
 def _rule_windowed(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in _WINDOWED:
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     kept = _WINDOWED[target]
     for dim in source[kept:]:
@@ -675,9 +675,8 @@ def _rule_windowed(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[
 def _rule_layer_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target is not aten.native_layer_norm.default:
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     n = len(node.args[1])
     for dim in source[len(source) - n:]:
@@ -695,9 +694,8 @@ def _rule_batch_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tupl
         aten._native_batch_norm_legit_functional.default,
     ):
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     if target is not aten._native_batch_norm_legit_no_training.default:
         for i, dim in enumerate(source):
@@ -771,9 +769,8 @@ def _rule_factory(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[s
 def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target is not aten.slice.Tensor:
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     rank = len(source)
     d = _norm(_arg(node, "dim", 1, 0), rank)
@@ -802,9 +799,8 @@ def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
 def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target is not aten.select.int:
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     d = _norm(node.args[1], len(source))
     a.mark(_sym_syms(source[d]), "picks one position of it")
@@ -815,9 +811,8 @@ def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
 def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
         return None
-    source = a.layout(node.args[0])
+    source = a.source_layout(node)
     if source is None:
-        a._unknown(node)
         return ()
     index = 1 if target is aten.unbind.int else 2
     d = _norm(_arg(node, "dim", index, 0), len(source))
