@@ -118,12 +118,13 @@ class DeviceExecutable:
         self._output_specs = tuple(output_specs)
         self.input_specs = tuple(input_specs)
         """Shapes and dtypes the executable was compiled for."""
+        # Looked up once: the per-call path only passes it along.
+        self._resident = resident_buffers(platform)
         self._outputs_checked = False
         self.name = name
 
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        platform = self._platform
-        resident = resident_buffers(platform)
+        platform, resident = self._platform, self._resident
         buffers = [transfer.to_device(t, platform, resident) for t in tensors]
         results = self._loaded.execute(buffers)
         outputs = [transfer.to_torch(r, platform) for r in results]
