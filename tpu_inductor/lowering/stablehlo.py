@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
-from typing import Optional
 
 import torch
 import torch.fx
@@ -111,10 +110,6 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredM
         bytecode = io.BytesIO()
         module.operation.write_bytecode(bytecode)
     return LoweredModule(bytecode.getvalue(), input_specs, output_specs)
-
-
-def first_failed_op(error: IslandLoweringError) -> Optional[str]:
-    return error.failed_ops[0] if error.failed_ops else None
 
 
 def failure_reason(error: Exception) -> str:
