@@ -4,7 +4,7 @@
 island, and, when torch-mlir or XLA rejects an island, learns which op failed,
 re-partitions and tries again; the user's call never fails for that reason
 (unless ``strict`` asks it to). The result is the graph itself with each
-island replaced by a :class:`DeviceIsland` module: eager nodes and islands run
+island replaced by a call of its :class:`DeviceIsland`: eager nodes and islands run
 in graph order, and tensors pass between them without copies where memory is
 shared.
 """
@@ -79,8 +79,8 @@ def _support_table(cache_root) -> SupportTable:
     return _support_tables[key]
 
 
-class DeviceIsland(torch.nn.Module):
-    """The ``call_module`` target that replaces an island in the graph."""
+class DeviceIsland:
+    """What the graph calls in place of an island: its executable (see :meth:`run`)."""
 
     def __init__(
         self,
@@ -90,7 +90,6 @@ class DeviceIsland(torch.nn.Module):
         aten_graph: Optional[torch.fx.GraphModule] = None,
         graph_record: Optional[report.GraphRecord] = None,
     ) -> None:
-        super().__init__()
         self.executable = executable
         self.record = record
         self.aten_graph = aten_graph
@@ -98,7 +97,7 @@ class DeviceIsland(torch.nn.Module):
         self._inputs_checked = not executable.input_specs
         self._run_eagerly = False
 
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def run(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.record is not None:
             self.record.executions += 1
         if not self._inputs_checked:
@@ -134,7 +133,9 @@ class _BoxedGraph:
     """AOTAutograd's boxed calling convention: one list of args, freed early."""
 
     def __init__(self, module: torch.fx.GraphModule) -> None:
-        self.module = module
+        # forward itself: GraphModule.__call__ adds nn.Module's hook dispatch
+        # and an error-rewriting wrapper, ~5 us per call, for hooks we never add.
+        self.run = module.forward
         # An instance attribute, so wrappers made with functools.wraps (Dynamo's
         # disable() around backward graphs) copy it and keep the boxed call.
         self._boxed_call = True
@@ -145,7 +146,7 @@ class _BoxedGraph:
             self.record.executions += 1
         module_args = list(args)
         args.clear()
-        return self.module(*module_args)
+        return self.run(*module_args)
 
 
 _RECORD_KEY = "tpu_inductor_graph_record"
@@ -196,14 +197,11 @@ def build_compiled_graph(
             island_records.get(island.name),
             aten_graph=island.graph,
             graph_record=record,
-        )
+        ).run
         for island in plan.islands
     }
-    fused = fuse_islands(gm, plan)
-    for name, device_island in devices.items():
-        setattr(fused, name, device_island)
+    fused = fuse_islands(gm, plan, devices)
     fused.meta[_RECORD_KEY] = record  # execution counts
-    fused.recompile()
     return fused
 
 

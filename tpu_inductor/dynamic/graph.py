@@ -136,7 +136,7 @@ class DynamicShapeGraph:
         padded = self.binding.pad(call_args, bucket)
         padded += [torch.tensor(sizes[s], dtype=torch.int64) for s in self._length_symbols]
         self._state.key = key
-        outputs = self.module(*padded)
+        outputs = self.module.forward(*padded)  # without nn.Module's hook dispatch
         return self.binding.unpad(outputs, sizes, call_args)
 
     def _specialise(self, key: tuple, bucket: dict, sizes: dict) -> bool:
@@ -292,10 +292,7 @@ class DynamicShapeGraph:
             raise LoweringError("tpu_inductor: partitioning did not converge")
 
         settle_eager(plan, self.context.config.strict, self.record)
-        fused = fuse_islands(gm, plan)
-        for name, target in islands.items():
-            setattr(fused, name, target)
-        fused.recompile()
+        fused = fuse_islands(gm, plan, {name: target.run for name, target in islands.items()})
         return fused, list(islands.values())
 
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:

@@ -36,8 +36,8 @@ class CallState(threading.local):
     key: Optional[Hashable] = None
 
 
-class SymbolicIsland(torch.nn.Module):
-    """The ``call_module`` target of an island in a dynamic graph."""
+class SymbolicIsland:
+    """What a dynamic graph calls in place of an island (see :meth:`run`)."""
 
     def __init__(
         self,
@@ -48,7 +48,6 @@ class SymbolicIsland(torch.nn.Module):
         context: Any,
         record: Optional[report.GraphRecord],
     ) -> None:
-        super().__init__()
         self.island_name = name
         self.lowered = lowered
         self._state = state
@@ -121,7 +120,7 @@ class SymbolicIsland(torch.nn.Module):
             )
         return executable
 
-    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+    def run(self, *args: Any) -> tuple[torch.Tensor, ...]:
         executable = self._executables[self._state.key]
         return tuple(executable(*[a for a in args if isinstance(a, torch.Tensor)]))
 

@@ -126,8 +126,9 @@ class DeviceExecutable:
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         platform, resident = self._platform, self._resident
         buffers = [transfer.to_device(t, platform, resident) for t in tensors]
-        results = self._loaded.execute(buffers)
-        outputs = [transfer.to_torch(r, platform) for r in results]
+        # execute_sharded directly: LoadedExecutable.execute is a Python shim over it.
+        results = self._loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
+        outputs = [transfer.to_torch(r[0], platform) for r in results]
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
