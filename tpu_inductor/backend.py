@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from tpu_inductor import report
 from tpu_inductor.compiled_graph import CompileContext, compile_graph
@@ -42,6 +43,7 @@ def tpu_backend(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
+        partition_fn=min_cut_rematerialization_partition,
         # With dynamic shapes, inference keeps attention whole for the padding
         # analysis (passes/padding_safety.py), which decomposes it right after.
         decompositions=decomposition_table(
