@@ -28,6 +28,7 @@ from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
+from tpu_inductor.passes.kernel_choice import KernelChooser
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
@@ -51,20 +52,34 @@ class CompileContext:
     platform: Platform
     support: SupportTable
     disk_cache: Optional[DiskCache]
+    kernels: Optional[KernelChooser] = None
 
     @classmethod
     def create(cls, config: Config, example_inputs: Sequence[Any] = ()) -> "CompileContext":
         cache_root = config.resolved_cache_dir if config.cache else None
         platform_name = select_platform(config.platform, example_inputs)
+        platform = get_platform(platform_name, zero_copy=config.zero_copy)
         return cls(
             config=config,
-            platform=get_platform(platform_name, zero_copy=config.zero_copy),
+            platform=platform,
             support=_support_table(cache_root),
             disk_cache=DiskCache(cache_root, config.cache_max_bytes) if cache_root else None,
+            kernels=_kernel_chooser(platform, cache_root) if config.eager_kernels else None,
         )
 
 
 _support_tables: dict[Optional[str], SupportTable] = {}
+
+
+_kernel_choosers: dict[tuple, Optional[KernelChooser]] = {}
+
+
+def _kernel_chooser(platform: Platform, cache_root) -> Optional[KernelChooser]:
+    """One chooser per platform and cache directory: timings are measured once."""
+    key = (platform.name, platform.device_kind, str(cache_root))
+    if key not in _kernel_choosers:
+        _kernel_choosers[key] = KernelChooser.for_platform(platform, cache_root)
+    return _kernel_choosers[key]
 
 
 def _support_table(cache_root) -> SupportTable:
@@ -179,7 +194,7 @@ def build_compiled_graph(
     )
     # Each failed attempt moves at least one node to eager, so this terminates.
     for _ in range(len(gm.graph.nodes) + 1):
-        plan = propose_islands(gm, context.support)
+        plan = propose_islands(gm, context.support, context.kernels)
         failure = _compile_islands(plan, context, record)
         if failure is None:
             break

@@ -62,6 +62,12 @@ class Config:
     error names the op, the reason and the user source line.
     Env: ``TPU_INDUCTOR_STRICT``."""
 
+    eager_kernels: bool = True
+    """On the CPU client, time convolutions once per shape both on PyTorch's
+    kernel (oneDNN) and on XLA's, and run each where it is faster; the
+    choice is kept beside the cache and shown in the report. Ignored on
+    other platforms. Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
+
     cache: bool = True
     """Keep compiled executables in ``cache_dir`` so a later process starts
     warm. Env: ``TPU_INDUCTOR_CACHE`` (0 turns it off)."""

@@ -21,10 +21,7 @@ lowers and matches eager on OpInfo sample inputs.
 
 from __future__ import annotations
 
-import json
-import logging
 import operator
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -32,7 +29,6 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
@@ -239,14 +235,9 @@ class SupportTable:
     """Decides per node whether it lowers; learns from failed lowerings."""
 
     def __init__(self, learned_path: Optional[Path] = None) -> None:
-        self._learned_path = learned_path
-        self._learned: dict[str, str] = {}
-        self._lock = threading.Lock()
-        if learned_path is not None and learned_path.exists():
-            try:
-                self._learned = dict(json.loads(learned_path.read_text()))
-            except (OSError, ValueError) as exc:
-                log.warning("tpu_inductor: ignoring unreadable %s: %s", learned_path, exc)
+        from tpu_inductor.runtime.disk_cache import PersistedDict
+
+        self._learned = PersistedDict(learned_path)
 
     @staticmethod
     def signature(node: torch.fx.Node) -> str:
@@ -264,19 +255,7 @@ class SupportTable:
 
     def learn(self, signature: str, reason: str) -> None:
         """Remember that ``signature`` failed to lower, here and for later processes."""
-        with self._lock:
-            if signature in self._learned:
-                return
-            self._learned[signature] = reason
-            if self._learned_path is None:
-                return
-            try:
-                from tpu_inductor.runtime.disk_cache import _atomic_write
-
-                self._learned_path.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_write(self._learned_path, json.dumps(self._learned, indent=1).encode())
-            except OSError as exc:
-                log.debug("tpu_inductor: cannot persist learned ops: %s", exc)
+        self._learned.put(signature, reason)
 
     @staticmethod
     def constant_fold_hazards(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:

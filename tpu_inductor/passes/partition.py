@@ -36,6 +36,7 @@ from tpu_inductor.lowering.support import SupportTable
 
 if TYPE_CHECKING:
     from tpu_inductor import report
+    from tpu_inductor.passes.kernel_choice import KernelChooser
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,15 @@ NON_COMPUTE_OPS = (
 
 
 class _TableSupport(OperatorSupportBase):
-    def __init__(self, table: SupportTable, hazards: dict[torch.fx.Node, str]) -> None:
+    def __init__(
+        self, table: SupportTable, hazards: dict[torch.fx.Node, str], chosen: Mapping[torch.fx.Node, str]
+    ) -> None:
         self.table = table
         self.hazards = hazards
+        self.chosen = chosen
 
     def reason(self, node: torch.fx.Node) -> Optional[str]:
-        return self.hazards.get(node) or self.table.unsupported_reason(node)
+        return self.hazards.get(node) or self.chosen.get(node) or self.table.unsupported_reason(node)
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         return self.reason(node) is None
@@ -124,11 +128,19 @@ class PartitionPlan:
     islands: list[Island]
     eager: list[EagerNode]
     partitions: list[Partition]
+    chosen: list[EagerNode] = dataclasses.field(default_factory=list)
+    """Nodes that lower but run in eager because PyTorch's kernel is faster."""
 
 
-def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionPlan:
-    """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched."""
-    support = _TableSupport(table, table.constant_fold_hazards(gm))
+def propose_islands(
+    gm: torch.fx.GraphModule, table: SupportTable, kernels: Optional["KernelChooser"] = None
+) -> PartitionPlan:
+    """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched.
+
+    ``kernels`` (passes/kernel_choice.py) may keep lowerable nodes in eager
+    where PyTorch's kernel is measurably faster."""
+    chosen = kernels.eager_choices(gm, lambda n: table.unsupported_reason(n) is None) if kernels else {}
+    support = _TableSupport(table, table.constant_fold_hazards(gm), chosen)
     partitioner = CapabilityBasedPartitioner(
         gm,
         support,
@@ -152,11 +164,16 @@ def propose_islands(gm: torch.fx.GraphModule, table: SupportTable) -> PartitionP
         reason = support.reason(node)
         # Shape arithmetic (sym_size, asserts on SymBools) is bookkeeping, and a
         # host-side constant is a choice, not a fallback.
-        if node in support.hazards:
+        if node in support.hazards or node in chosen:
             continue
         if reason is not None and _is_compute(node) and _produces_tensor(node):
             eager.append(EagerNode(node, reason))
-    return PartitionPlan(islands=islands, eager=eager, partitions=partitions)
+    return PartitionPlan(
+        islands=islands,
+        eager=eager,
+        partitions=partitions,
+        chosen=[EagerNode(node, why) for node, why in chosen.items()],
+    )
 
 
 def fuse_islands(
@@ -213,3 +230,7 @@ def settle_eager(plan: PartitionPlan, strict: bool, record: "report.GraphRecord"
             report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
         )
         log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
+    for choice in plan.chosen:
+        record.eager_kernels.append(
+            report.FallbackRecord(str(choice.node.target), choice.reason, user_source_line(choice.node))
+        )

@@ -137,7 +137,9 @@ def summarize(report: record.Report) -> str:
         lines += _cut(
             [
                 f"  #{g.graph_id} {g.kind}: {g.num_nodes} nodes, {_plural(len(g.islands), 'island')}, "
-                f"{len(g.fallbacks)} eager, run {g.executions}x"
+                f"{len(g.fallbacks)} eager"
+                + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
+                + f", run {g.executions}x"
                 for g in report.graphs
             ]
         )

@@ -82,6 +82,43 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+class PersistedDict:
+    """A small JSON dict kept beside the cache: what one process learned
+    (ops that do not lower, which kernel is faster) is known to the next.
+
+    Reads are in memory; each new entry rewrites the file atomically. An
+    unreadable file is ignored (and replaced on the next write): it only
+    holds what can be learned again.
+    """
+
+    def __init__(self, path: Optional[Path]) -> None:
+        self._path = path
+        self._entries: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        if path is not None and path.exists():
+            try:
+                self._entries = dict(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                log.warning("tpu_inductor: ignoring unreadable %s: %s", path, exc)
+
+    def get(self, key: str) -> Any:
+        return self._entries.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        """Remember ``value`` for ``key`` unless something is already known for it."""
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = value
+            if self._path is None:
+                return
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                _atomic_write(self._path, json.dumps(self._entries, indent=1).encode())
+            except OSError as exc:
+                log.debug("tpu_inductor: cannot persist %s: %s", self._path.name, exc)
+
+
 def _write_file(path: Path, handle: Any, data: bytes) -> None:
     """Every byte the cache writes goes through here, bound for ``path`` (tests
     make it fail, or kill the process in it)."""

@@ -1,0 +1,141 @@
+"""Run an op on PyTorch's own kernel where that is measurably faster than XLA's.
+
+Why: XLA's CPU convolutions lose to oneDNN, which eager PyTorch calls. The
+ResNet-style CNN of ``benchmarks/perf.py`` (32x32, batch 16, one thread) ran
+in 24.6 ms with every convolution in XLA and in 19.0 ms with them in eager
+(Inductor: 18.4 ms); the islands between the convolutions still fuse
+BatchNorm, ReLU and the residual adds. Which kernel wins depends on shapes,
+so each candidate signature (op, input shapes and dtypes, arguments) is timed
+once both ways on random inputs, and the decision is kept beside the cache so
+that later compiles and processes choose the same way.
+
+Only where torch and the device share memory (the CPU client): elsewhere an
+eager op means a round trip between host and device. Option
+``eager_kernels`` turns it off. Chosen nodes are reported as choices, not
+as fallbacks: they lower, they just run faster in eager.
+
+Before: ``island(x) -> [convolution, mul, add, relu]``;
+after: ``convolution`` in eager, ``island -> [mul, add, relu]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+
+from tpu_inductor.runtime.disk_cache import PersistedDict
+from tpu_inductor.runtime.executable import key_versions
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+CANDIDATE_OPS = frozenset({aten.convolution.default})
+"""Ops PyTorch's CPU build runs through a tuned library (oneDNN)."""
+
+EAGER_MARGIN = 0.9
+"""Eager must take under 90% of XLA's time: a near tie stays on the device,
+where the op can fuse with its neighbours."""
+
+_TIMED_RUNS = 7
+_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+
+
+class KernelChooser:
+    """Decides, per candidate node, whether PyTorch's kernel should run it."""
+
+    def __init__(self, timings: PersistedDict, time_xla: Callable[[torch.fx.GraphModule, list], float]):
+        self._timings = timings
+        self._time_xla = time_xla
+
+    @classmethod
+    def for_platform(cls, platform, cache_root: Optional[Path]) -> Optional["KernelChooser"]:
+        """A chooser for ``platform``, or None where eager kernels cannot help."""
+        if not platform.shares_host_memory or platform.name != "cpu":
+            return None
+        # Timings belong to one machine and one set of versions.
+        digest = hashlib.sha256(repr(sorted(key_versions().items())).encode()).hexdigest()[:12]
+        path = cache_root / f"kernel_timings-{platform.device_kind}-{digest}.json" if cache_root else None
+
+        def time_xla(probe: torch.fx.GraphModule, inputs: list) -> float:
+            from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
+            from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
+
+            lowered = lower_to_stablehlo(probe)
+            loaded, _ = compile_stablehlo(lowered.module, platform, None, input_specs=lowered.input_specs)
+            executable = DeviceExecutable(loaded, platform, lowered.output_specs, name="kernel timing")
+            return _median_seconds(lambda: executable(*inputs))
+
+        return cls(PersistedDict(path), time_xla)
+
+    def eager_choices(self, gm: torch.fx.GraphModule, lowers: Callable[[torch.fx.Node], bool]) -> dict:
+        """Node -> reason, for the candidate nodes that should run in eager."""
+        choices = {}
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or node.target not in CANDIDATE_OPS or not lowers(node):
+                continue
+            key = _signature(node)
+            if key is None:
+                continue
+            timing = self._timings.get(key)
+            if timing is None:
+                timing = self._measure(gm, node)
+                self._timings.put(key, timing)
+            eager_s, xla_s = timing
+            if eager_s < EAGER_MARGIN * xla_s:
+                choices[node] = (
+                    f"PyTorch's kernel is faster here ({eager_s * 1e3:.3f} ms vs XLA "
+                    f"{xla_s * 1e3:.3f} ms, measured once per signature)"
+                )
+        return choices
+
+    def _measure(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[float, float]:
+        probe, _, _ = fuse_as_graphmodule(gm, [node], "kernel_probe", always_return_tuple=True)
+        generator = torch.Generator().manual_seed(0)
+        # Compilers run under the tracing fake mode: these must be real tensors.
+        with unset_fake_temporarily(), torch.no_grad():
+            inputs = [
+                torch.randn(p.meta["val"].shape, generator=generator).to(p.meta["val"].dtype)
+                for p in probe.graph.find_nodes(op="placeholder")
+            ]
+            eager_s = _median_seconds(lambda: probe(*inputs))
+            xla_s = self._time_xla(probe, inputs)
+        log.info(
+            "tpu_inductor: %s: eager %.3f ms, XLA %.3f ms", _signature(node), eager_s * 1e3, xla_s * 1e3
+        )
+        return eager_s, xla_s
+
+
+def _signature(node: torch.fx.Node) -> Optional[str]:
+    """The op with every input's exact shape and dtype and its other arguments;
+    None when a shape is symbolic or a dtype is not a float one."""
+    shapes = []
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.dtype not in _DTYPES:
+            return None
+        if any(not isinstance(s, int) for s in value.shape):
+            return None
+        shapes.append(f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}")
+    others = [a for a in node.args if not isinstance(a, torch.fx.Node)]
+    return f"{node.target}({', '.join(shapes)}; {others})"
+
+
+def _median_seconds(call: Callable[[], object]) -> float:
+    call()  # first calls: allocation, lazy initialisation, oneDNN primitive caches
+    call()
+    times = []
+    for _ in range(_TIMED_RUNS):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
