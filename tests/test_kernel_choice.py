@@ -105,3 +105,65 @@ def test_only_the_cpu_client_considers_eager_kernels():
         device_kind = "TPU v5e"
 
     assert KernelChooser.for_platform(Device(), None) is None
+
+
+# --------------------------------------------------------------------------- in-place update graphs
+
+
+def _sgd_setup(**options):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = torch.compile(optimizer.step, backend="tpu", options={"cache": False, **options})
+    return model, optimizer, step
+
+
+def _train(model, step, steps=3):
+    x, y = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)), torch.randn(8, 4)
+    for _ in range(steps):
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_optimizer_step_updates_parameters_in_place():
+    eager_model, eager_optimizer, _ = _sgd_setup()
+    torch.manual_seed(2)
+    expected = _train(eager_model, eager_optimizer.step)
+    model, _, step = _sgd_setup()
+    pointers = [p.data_ptr() for p in model.parameters()]
+    torch.manual_seed(2)
+    actual = _train(model, step)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)  # eager's own kernels
+    assert [p.data_ptr() for p in model.parameters()] == pointers
+    graphs = report.current().graphs
+    choices = [k for g in graphs for k in g.eager_kernels]
+    assert choices and all(k.op == "in-place update graph" for k in choices)
+    assert "in place" in choices[0].reason
+    # The first step's graph creates the momentum buffers (clone): lowered as usual.
+    assert not any(g.fallbacks for g in graphs)
+
+
+def test_optimizer_step_lowers_with_eager_kernels_off():
+    model, _, step = _sgd_setup(eager_kernels=False)
+    _train(model, step, steps=1)
+    graphs = report.current().graphs
+    assert not any(g.eager_kernels for g in graphs)
+    assert any(g.islands for g in graphs)
+
+
+def test_graph_with_a_matmul_is_not_an_update_graph():
+    weight = torch.randn(8, 8)
+
+    def update(state, x):
+        state.add_(x @ weight)  # in place, but a matmul: worth the device
+
+    state = torch.zeros(4, 8)
+    x = torch.randn(4, 8)
+    torch.compile(update, backend="tpu", options={"cache": False})(state, x)
+    torch.testing.assert_close(state, x @ weight)
+    graphs = report.current().graphs
+    assert not any(g.eager_kernels for g in graphs)
+    assert any(g.islands for g in graphs)

@@ -22,6 +22,7 @@ from tpu_inductor.compiled_graph import CompileContext, compile_graph
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.passes.decompositions import decomposition_table
+from tpu_inductor.passes.in_place_updates import in_place_update_reason
 from tpu_inductor.reporting import hooks
 
 
@@ -35,6 +36,9 @@ def tpu_backend(
     dims = dynamic_dims(gm)
     dynamo_trace = report.record_trace(dims, recompile_reason())
     hooks.on_dynamo_graph(gm, dynamo_trace, context.config.report_dir)
+    in_place = in_place_update_reason(gm) if context.kernels is not None else None
+    if in_place:
+        return _run_in_place(gm, example_inputs, in_place, dynamo_trace)
 
     def compiler(kind: str):
         return functools.partial(_compile_aten, kind=kind, context=context, trace=dynamo_trace)
@@ -53,6 +57,25 @@ def tpu_backend(
     with _attention_for_autograd(example_inputs), report.within_trace(dynamo_trace):
         with report.stage("aot_autograd"):
             return trace(gm, example_inputs)
+
+
+def _run_in_place(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], reason: str, trace: report.TraceRecord
+) -> Callable[..., Any]:
+    """Run an in-place update graph as Dynamo traced it (passes/in_place_updates.py)."""
+    with report.within_trace(trace):
+        record = report.new_graph_record(
+            "inference",
+            num_nodes=len(gm.graph.nodes),
+            input_shapes=[tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)],
+        )
+    record.eager_kernels.append(report.FallbackRecord("in-place update graph", reason, None))
+
+    def run(*args: Any) -> Any:
+        record.executions += 1
+        return gm.forward(*args)
+
+    return run
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

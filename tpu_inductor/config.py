@@ -63,10 +63,12 @@ class Config:
     Env: ``TPU_INDUCTOR_STRICT``."""
 
     eager_kernels: bool = True
-    """On the CPU client, time convolutions once per shape both on PyTorch's
-    kernel (oneDNN) and on XLA's, and run each where it is faster; the
-    choice is kept beside the cache and shown in the report. Ignored on
-    other platforms. Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
+    """On the CPU client, use PyTorch's own kernels where they are faster:
+    convolutions timed once per shape on oneDNN and on XLA run where they are
+    faster (the timing is kept beside the cache), and graphs that only update
+    their inputs in place (optimizer steps) run in place. Shown in the report
+    as choices, not fallbacks. Ignored on other platforms.
+    Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
 
     cache: bool = True
     """Keep compiled executables in ``cache_dir`` so a later process starts
