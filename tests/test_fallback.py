@@ -142,6 +142,22 @@ def test_failed_lowering_is_learned_and_remembered(tmp_path):
         decompositions.decomposition_table.cache_clear()
 
 
+def test_out_of_memory_is_learned_for_this_process_only(tmp_path):
+    """A lowering that ran out of memory says nothing about its ops: after one
+    std::bad_alloc every probe failed (mm and add included); persisting that
+    would keep them off the device in every later process."""
+    from tpu_inductor.lowering.support import SupportTable
+
+    path = tmp_path / "learned.json"
+    table = SupportTable(path)
+    table.learn("aten.mm(float32[2],float32[2])", "torch-mlir: std::bad_alloc")
+    table.learn("aten.i0(float32[1])", "torch-mlir: no lowering")
+    assert json.loads(path.read_text()) == {"aten.i0(float32[1])": "torch-mlir: no lowering"}
+    later = SupportTable(path)
+    assert later._learned.get("aten.mm(float32[2],float32[2])") is None
+    assert table._learned.get("aten.mm(float32[2],float32[2])") == "torch-mlir: std::bad_alloc"
+
+
 @torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
 def test_data_dependent_shapes_run_eagerly_and_teach_nothing():
     def f(a):

@@ -72,6 +72,49 @@ def test_input_mutation_is_written_back():
     torch.testing.assert_close(total, expected.sum())
 
 
+def test_unsorted_topk_lowers():
+    """topk(sorted=False) (MoE routers) lowers as the sorted topk: same set."""
+
+    def route(scores):
+        weights, experts = torch.topk(scores.softmax(-1), 2, dim=-1, sorted=False)
+        return weights.sum(-1), experts.sort(-1).values
+
+    scores = torch.randn(8, 6)
+    run_both(route, scores)
+    assert fallback_ops() == []
+
+
+@pytest.mark.parametrize("bounds", [(0, 3), (0, 0), (-1.0, 0.5)])
+def test_histc_lowers_and_counts_like_eager(bounds):
+    """histc (MoE token counts) as scatter_add: exact counts, edges included."""
+
+    def count(ids, values):
+        return torch.histc(ids, bins=4, min=0, max=3), torch.histc(values, bins=5, min=bounds[0], max=bounds[1])
+
+    ids = torch.tensor([0.0, 3.0, 3.0, 1.0, 2.0, 5.0, -1.0, 1.0])
+    # NaN is dropped from given ranges; with min == max == 0 eager refuses it.
+    nan = [float("nan")] if bounds != (0, 0) else []
+    values = torch.cat([torch.randn(64), torch.tensor([0.5, -1.0, *nan])])
+    got, expected = compiled(count)(ids, values), count(ids, values)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert fallback_ops() == []
+
+
+@pytest.mark.parametrize("start", [8, 16, -4])
+def test_open_ended_slice_assignment_lowers(start):
+    """``x[:, 8:] = y`` is slice_scatter with end 2**63-1, which torch-mlir sized
+    its allocation from (bad_alloc, or the OOM killer): clamped, it lowers."""
+
+    def assign_tail(x, y):
+        x = x.clone()
+        x[:, start:] = y
+        return x * 2
+
+    x = torch.randn(2, 16)
+    run_both(assign_tail, x, torch.randn(2, x[:, start:].shape[1]))
+    assert fallback_ops() == [] and islands() == 1
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool]
 )

@@ -231,6 +231,9 @@ def _argument(node: torch.fx.Node, name: str) -> object:
     return None
 
 
+_OUT_OF_MEMORY = ("bad_alloc", "MemoryError", "out of memory")
+
+
 class SupportTable:
     """Decides per node whether it lowers; learns from failed lowerings."""
 
@@ -254,8 +257,15 @@ class SupportTable:
         return f"{op_key(node.target)}({','.join(inputs)})"
 
     def learn(self, signature: str, reason: str) -> None:
-        """Remember that ``signature`` failed to lower, here and for later processes."""
-        self._learned.put(signature, reason)
+        """Remember that ``signature`` failed to lower, here and for later processes.
+
+        Not for later processes when the failure was memory running out: that
+        says nothing about the op (every probe after a ``bad_alloc`` failed
+        too, mm and add included), and a persisted entry would keep it off
+        the device for good.
+        """
+        transient = any(marker in reason for marker in _OUT_OF_MEMORY)
+        self._learned.put(signature, reason, persist=not transient)
 
     @staticmethod
     def constant_fold_hazards(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
@@ -294,6 +304,9 @@ class SupportTable:
             return None
         if not isinstance(node.target, torch._ops.OpOverload):
             return f"Python callable {op_key(node.target)} is not an ATen op"
+        if node.target.namespace not in ("aten", "prims"):
+            # A library's own op: torch-mlir imports it as an opaque operator.
+            return f"custom op of '{node.target.namespace}': only ATen and prims ops lower to StableHLO"
         key = op_key(node.target)
         # Sizes of a graph with dynamic shapes (view(x, [s0, 4])) lower as scalar
         # arguments that shape refinement turns into constants.

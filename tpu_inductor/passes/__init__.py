@@ -13,6 +13,7 @@ from typing import Callable
 import torch.fx
 from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
+from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
@@ -28,6 +29,7 @@ PIPELINE: tuple[GraphPass, ...] = (
     scalar_tensor_as_full,
     empty_as_zeros,
     wrap_negative_indices,
+    clamp_slice_bounds,
     remove_dead_code,
 )
 

@@ -152,6 +152,42 @@ def _batch_norm_eval_as_scale_shift(x, weight, bias, running_mean, running_var, 
     return out, empty, empty
 
 
+def _topk_sorted(x, k, dim=-1, largest=True, sorted=True):
+    """``topk(sorted=False)`` as ``topk(sorted=True)``.
+
+    torch-mlir cannot legalize the ``sorted=False`` flag (a bare
+    ``torch.constant.bool``), and Mixture-of-Experts routers ask for it.
+    Unsorted means "in any order", so the sorted result is a valid answer.
+    """
+    if sorted:
+        return NotImplemented  # the op itself
+    return aten.topk.default(x, k, dim, largest, True)
+
+
+def _histc_by_scatter_add(x, bins: int = 100, min=0, max=0):
+    """``histc`` as a ``scatter_add`` of ones at each element's bin.
+
+    torch-mlir has no lowering for ``histc``, which Mixture-of-Experts layers
+    use to count tokens per expert. The bin arithmetic is eager's CPU
+    kernel's, in its order: ``(x - lo) * bins / (hi - lo)`` truncated, the
+    right edge in the last bin, elements outside ``[lo, hi]`` (and NaN)
+    dropped; ``min == max == 0`` means the data's range, and an empty range
+    is widened by one on each side.
+    """
+    x = x.flatten()
+    if min == max == 0:
+        lo, hi = x.min(), x.max()
+    else:
+        lo, hi = torch.full((), min, dtype=x.dtype), torch.full((), max, dtype=x.dtype)
+    empty_range = lo == hi
+    lo, hi = torch.where(empty_range, lo - 1, lo), torch.where(empty_range, hi + 1, hi)
+    position = ((x - lo) * bins / (hi - lo)).to(torch.int64)
+    position = torch.where(position == bins, bins - 1, position)
+    inside = (x >= lo) & (x <= hi)
+    position = torch.where(inside, position, 0)
+    return torch.zeros(bins, dtype=x.dtype).scatter_add(0, position, inside.to(x.dtype))
+
+
 # Decompositions of our own: each fixes a wrong lowering or fills a gap.
 _OURS: dict = {
     aten.remainder.Tensor: _python_remainder,
@@ -167,6 +203,8 @@ _OURS: dict = {
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
     aten.convolution_backward.default: _conv1d_backward_as_2d,
     aten.diagonal.default: _diagonal_by_gather,
+    aten.topk.default: _topk_sorted,
+    aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
     aten.max_pool2d_with_indices.default: _max_pool2d_default_stride,
     # torch-mlir cannot lower the pooling backward; PyTorch's decomposition

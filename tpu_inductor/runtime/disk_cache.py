@@ -94,6 +94,7 @@ class PersistedDict:
     def __init__(self, path: Optional[Path]) -> None:
         self._path = path
         self._entries: dict[str, Any] = {}
+        self._this_process_only: set[str] = set()
         self._lock = threading.Lock()
         if path is not None and path.exists():
             try:
@@ -104,17 +105,21 @@ class PersistedDict:
     def get(self, key: str) -> Any:
         return self._entries.get(key)
 
-    def put(self, key: str, value: Any) -> None:
-        """Remember ``value`` for ``key`` unless something is already known for it."""
+    def put(self, key: str, value: Any, persist: bool = True) -> None:
+        """Remember ``value`` for ``key`` unless something is already known for
+        it; with ``persist=False`` for this process only."""
         with self._lock:
             if key in self._entries:
                 return
             self._entries[key] = value
-            if self._path is None:
+            if not persist:
+                self._this_process_only.add(key)
+            if self._path is None or not persist:
                 return
+            kept = {k: v for k, v in self._entries.items() if k not in self._this_process_only}
             try:
                 self._path.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_write(self._path, json.dumps(self._entries, indent=1).encode())
+                _atomic_write(self._path, json.dumps(kept, indent=1).encode())
             except OSError as exc:
                 log.debug("tpu_inductor: cannot persist %s: %s", self._path.name, exc)
 
