@@ -100,6 +100,30 @@ def test_histc_lowers_and_counts_like_eager(bounds):
     assert fallback_ops() == []
 
 
+def test_group_norm_lowers_without_as_strided():
+    """group_norm's decomposition reshapes with as_strided, whose lowering XLA
+    rejected; as a view of the contiguous statistics it lowers."""
+    norm = torch.nn.GroupNorm(4, 16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 16, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(norm)(x), norm(x))
+    assert fallback_ops() == [] and islands() == 1
+
+
+@pytest.mark.parametrize(
+    "size, stride, offset", [((3, 4), (2, 1), 0), ((2, 2, 3), (1, 6, 2), 3), ((4,), (3,), 1), ((), (), 5)]
+)
+def test_overlapping_as_strided_of_a_computed_tensor(size, stride, offset):
+    def windows(x):
+        return (x * 2).as_strided(size, stride, offset) + 1
+
+    run_both(windows, torch.randn(4, 6))
+    assert fallback_ops() == []
+
+
 @pytest.mark.parametrize("start", [8, 16, -4])
 def test_open_ended_slice_assignment_lowers(start):
     """``x[:, 8:] = y`` is slice_scatter with end 2**63-1, which torch-mlir sized

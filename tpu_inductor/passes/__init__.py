@@ -13,6 +13,7 @@ from typing import Callable
 import torch.fx
 from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
+from tpu_inductor.passes.as_strided_as_gather import as_strided_as_gather
 from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.decompositions import decomposition_table
@@ -30,6 +31,7 @@ PIPELINE: tuple[GraphPass, ...] = (
     empty_as_zeros,
     wrap_negative_indices,
     clamp_slice_bounds,
+    as_strided_as_gather,
     remove_dead_code,
 )
 
