@@ -1,0 +1,879 @@
+"""Steady-state speed, per-call overhead and compile time against eager, Inductor and JAX (issue 7).
+
+Why: the other benchmarks check that tpu_inductor compiles and caches; this one
+says whether what it produces is fast. The same workloads run, in one process
+and one run, through four paths:
+
+- ``eager``     -- the PyTorch module itself;
+- ``inductor``  -- ``torch.compile(m, backend="inductor")``;
+- ``tpu``       -- ``torch.compile(m, backend="tpu")`` (PJRT, jaxlib's CPU client here);
+- ``jax``       -- the same computation written directly in JAX under ``jax.jit``,
+  with the same weights (the torch module's state_dict through numpy) passed as
+  arguments. It is the limit for our path: XLA on the same StableHLO-level
+  program without PyTorch in front. At startup every path's output is checked
+  against eager's (rtol/atol 1e-4), so the comparison is of one computation.
+
+Workloads (float32, fixed seeds, inference in eval mode under no_grad):
+
+- ``overhead``: ``x + 1`` on a (4,) tensor -- the cost of one call;
+- ``mlp``: 3 Linear 1024x1024 layers with ReLU between, batch 64;
+- ``decoder``: GPT-style, 2 pre-LN blocks, d=256, 4 heads, causal attention
+  (``F.scaled_dot_product_attention(is_causal=True)``; JAX: explicit softmax under
+  a causal mask), GELU MLP 4d, learned positions, untied LM head over 1000 tokens;
+  seq 128, batch 4;
+- ``cnn``: ResNet-style, conv3x3+BN+ReLU stem (32 ch), 3 basic blocks (32, 64,
+  128 ch; stride 1, 2, 2; 1x1 conv+BN shortcuts where the shape changes), global
+  average pool, Linear to 10; 32x32 images, batch 16. BatchNorm runs in eval mode;
+  the JAX version applies it as the eval affine transform computed from the same
+  running statistics on every call (not folded into the convolutions), as eager does;
+- ``train``: the MLP's training step: forward, MSE loss, backward and an SGD
+  step, the whole step function compiled (JAX: ``value_and_grad`` + SGD, params donated);
+- ``dynamic``: the MLP called once for each batch size 1..64 in a fixed random
+  order. The first pass includes every compile (Dynamo's default dynamic-shape
+  handling for the torch paths; jax.jit compiles each new shape), the second
+  runs on what the first compiled. Each path starts from a reset Dynamo and an
+  empty in-memory executable cache.
+
+Timing: each path's first call (the compile) is timed alone, then steady state
+is measured in interleaved rounds: every round runs the same number of calls on
+each path, in an order rotated from round to round, and records the time per
+call. Printed are medians over rounds and *paired* speed ratios: for each round
+``other path's time / tpu's time``, then the median over rounds (> 1: tpu is
+faster). Cold compile is a path's first-call latency minus its steady per-call
+time; Inductor's caches point at a fresh temporary directory with the FX-graph
+and AOTAutograd caches off, the tpu backend runs with ``options={"cache": False}``,
+so both compile from scratch. One throwaway compile per backend happens first, so
+one-time process setup (imports, PJRT client, compiler workers) is in no
+workload's number.
+
+Threads: every path gets the same number of intra-op threads (``--threads``,
+default 1, because this machine has 2 CPU cores shared with other work):
+``torch.set_num_threads`` (eager and Inductor's generated kernels), and for XLA
+``PJRT_NPROC`` (the size of the PJRT CPU client's thread pools, read by jax's
+client and by the client tpu_inductor creates) plus, for one thread,
+``--xla_cpu_multi_thread_eigen=false`` in ``XLA_FLAGS``. They are set before
+torch, jax or tpu_inductor is imported. The process CPU time per wall second of
+each path's timed calls is recorded (``cpu_per_wall``) as a check on the pin.
+
+Bars (printed with PASS/FAIL): tpu >= 0.95x jax.jit on each of mlp, decoder,
+cnn; geomean over those three >= 1.1x eager and >= 1.0x Inductor; tiny-graph
+per-call time no more than Inductor's; decoder cold compile <= 0.2x Inductor's;
+training step >= 1.0x eager.
+
+Run:
+    python benchmarks/perf.py                    # full run, writes benchmarks/results/perf.json
+    python benchmarks/perf.py --write-readme     # ... and regenerates the README table
+    python benchmarks/perf.py --quick --only mlp,overhead   # development: few rounds, no files
+Options: --threads N, --rounds N, --json PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "perf.json"
+MARKERS = ("<!-- perf-table:start -->", "<!-- perf-table:end -->")
+PINNED = ("XLA_FLAGS", "PJRT_NPROC", "OMP_NUM_THREADS")
+
+
+def _threads_from_argv(argv: Sequence[str]) -> int:
+    """``--threads`` alone, before anything is imported (the full parser comes later)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_known_args(argv)[0].threads
+
+
+def _pinning_environment(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """Variables that give torch, Inductor's kernels and XLA ``threads`` intra-op threads,
+    and give Inductor an empty cache directory."""
+    xla_flags = environ.get("XLA_FLAGS", "")
+    if threads == 1:
+        xla_flags = f"{xla_flags} --xla_cpu_multi_thread_eigen=false"
+    inductor_cache = tempfile.mkdtemp(prefix="perf-inductor-")
+    atexit.register(shutil.rmtree, inductor_cache, ignore_errors=True)
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PJRT_NPROC": str(threads),
+        "XLA_FLAGS": xla_flags.strip(),
+        "TORCHINDUCTOR_CACHE_DIR": inductor_cache,
+    }
+
+
+# Before torch, jax or tpu_inductor is imported: XLA and OpenMP read these once.
+THREADS = _threads_from_argv(sys.argv[1:])
+os.environ.update(_pinning_environment(THREADS, os.environ))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+import torch._functorch.config  # noqa: E402
+import torch._inductor.config  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from tpu_inductor.runtime.executable import clear_memory_cache  # noqa: E402
+
+torch.set_num_threads(THREADS)
+torch._inductor.config.fx_graph_cache = False
+torch._inductor.config.autotune_local_cache = False
+torch._functorch.config.enable_autograd_cache = False
+
+PATHS = ("eager", "inductor", "tpu", "jax")
+OTHERS = ("eager", "inductor", "jax")  # what tpu is compared with
+COMPILED = ("inductor", "tpu", "jax")
+TORCH_PATHS = ("eager", "inductor", "tpu")
+LABELS = {"eager": "eager", "inductor": "Inductor", "tpu": "tpu", "jax": "jax.jit"}
+WORKLOADS = ("overhead", "mlp", "decoder", "cnn", "train", "dynamic")
+STEADY = ("mlp", "decoder", "cnn")
+TPU_OPTIONS = {"cache": False}
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
+WARMUP_CALLS = 3
+LEARNING_RATE = 1e-3
+
+Call = Callable[[], Any]
+
+
+# --------------------------------------------------------------------------- models
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 1024) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = (nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (t.view(batch, seq, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(batch, seq, dim))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class Decoder(nn.Module):
+    def __init__(
+        self, vocab: int = 1000, dim: int = 256, heads: int = 4, layers: int = 2, seq: int = 128
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
+        self.blocks = nn.ModuleList(DecoderBlock(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+CNN_BLOCKS = ((32, 32, 1), (32, 64, 2), (64, 128, 2))  # (in channels, out channels, stride)
+
+
+class ResNet(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU()
+        )
+        self.blocks = nn.Sequential(*(BasicBlock(*spec) for spec in CNN_BLOCKS))
+        self.fc = nn.Linear(CNN_BLOCKS[-1][1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+def _seeded(factory: Callable[[], nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return factory()
+
+
+def _resnet() -> ResNet:
+    """A ResNet with non-trivial BatchNorm statistics and affine parameters, in eval mode."""
+    model = _seeded(ResNet)
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.1, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+            nn.init.uniform_(module.weight, 0.5, 1.5)
+            nn.init.uniform_(module.bias, -0.1, 0.1)
+    return model.eval()
+
+
+# ------------------------------------------------------------ the same models in JAX
+
+Params = dict[str, jax.Array]
+
+
+def to_jax(module: nn.Module) -> Params:
+    """The module's floating-point state as jax arrays (shared names)."""
+    return {
+        name: jnp.asarray(value.detach().numpy())
+        for name, value in module.state_dict().items()
+        if value.is_floating_point()
+    }
+
+
+def linear(p: Params, name: str, x: jax.Array) -> jax.Array:
+    out = x @ p[f"{name}.weight"].T
+    bias = p.get(f"{name}.bias")
+    return out if bias is None else out + bias
+
+
+def mlp_jax(p: Params, x: jax.Array) -> jax.Array:
+    x = jax.nn.relu(linear(p, "fc1", x))
+    x = jax.nn.relu(linear(p, "fc2", x))
+    return linear(p, "fc3", x)
+
+
+def layer_norm(p: Params, name: str, x: jax.Array, eps: float = 1e-5) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * p[f"{name}.weight"] + p[f"{name}.bias"]
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    seq = q.shape[-2]
+    scores = (q @ k.swapaxes(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), scores, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+def decoder_block_jax(p: Params, name: str, x: jax.Array, heads: int) -> jax.Array:
+    batch, seq, dim = x.shape
+    q, k, v = jnp.split(linear(p, f"{name}.qkv", layer_norm(p, f"{name}.norm1", x)), 3, axis=-1)
+    q, k, v = (t.reshape(batch, seq, heads, -1).transpose(0, 2, 1, 3) for t in (q, k, v))
+    attention = causal_attention(q, k, v).transpose(0, 2, 1, 3).reshape(batch, seq, dim)
+    x = x + linear(p, f"{name}.proj", attention)
+    hidden = linear(p, f"{name}.fc1", layer_norm(p, f"{name}.norm2", x))
+    hidden = jax.nn.gelu(hidden, approximate=False)
+    return x + linear(p, f"{name}.fc2", hidden)
+
+
+def decoder_jax(p: Params, tokens: jax.Array, heads: int, layers: int) -> jax.Array:
+    x = p["embed.weight"][tokens] + p["pos"][: tokens.shape[1]]
+    for i in range(layers):
+        x = decoder_block_jax(p, f"blocks.{i}", x, heads)
+    return linear(p, "head", layer_norm(p, "norm", x))
+
+
+def conv(x: jax.Array, w: jax.Array, stride: int) -> jax.Array:
+    pad = w.shape[-1] // 2
+    return jax.lax.conv_general_dilated(
+        x, w, (stride, stride), [(pad, pad), (pad, pad)], dimension_numbers=("NCHW", "OIHW", "NCHW")
+    )
+
+
+def batch_norm_eval(p: Params, name: str, x: jax.Array, eps: float = 1e-5) -> jax.Array:
+    scale = p[f"{name}.weight"] * jax.lax.rsqrt(p[f"{name}.running_var"] + eps)
+    shift = p[f"{name}.bias"] - p[f"{name}.running_mean"] * scale
+    return x * scale[:, None, None] + shift[:, None, None]
+
+
+def basic_block_jax(p: Params, name: str, x: jax.Array, stride: int) -> jax.Array:
+    out = jax.nn.relu(batch_norm_eval(p, f"{name}.bn1", conv(x, p[f"{name}.conv1.weight"], stride)))
+    out = batch_norm_eval(p, f"{name}.bn2", conv(out, p[f"{name}.conv2.weight"], 1))
+    shortcut = x
+    if f"{name}.shortcut.0.weight" in p:
+        shortcut = conv(x, p[f"{name}.shortcut.0.weight"], stride)
+        shortcut = batch_norm_eval(p, f"{name}.shortcut.1", shortcut)
+    return jax.nn.relu(out + shortcut)
+
+
+def resnet_jax(p: Params, x: jax.Array) -> jax.Array:
+    x = jax.nn.relu(batch_norm_eval(p, "stem.1", conv(x, p["stem.0.weight"], 1)))
+    for i, (_, _, stride) in enumerate(CNN_BLOCKS):
+        x = basic_block_jax(p, f"blocks.{i}", x, stride)
+    return linear(p, "fc", x.mean(axis=(2, 3)))
+
+
+def mlp_sgd_step_jax(p: Params, x: jax.Array, y: jax.Array) -> tuple[Params, jax.Array]:
+    loss, grads = jax.value_and_grad(lambda q: jnp.mean((mlp_jax(q, x) - y) ** 2))(p)
+    return jax.tree.map(lambda w, g: w - LEARNING_RATE * g, p, grads), loss
+
+
+# ------------------------------------------------------------------ the workloads
+
+
+@dataclasses.dataclass
+class Workload:
+    """One computation as a zero-argument call per path; compiles happen at the first call."""
+
+    name: str
+    description: str
+    calls: dict[str, Call]
+    grad: bool = False
+
+
+def compile_for(path: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if path == "inductor":
+        return torch.compile(fn, backend="inductor")
+    if path == "tpu":
+        return torch.compile(fn, backend="tpu", options=TPU_OPTIONS)
+    return fn
+
+
+def torch_calls(fn: Callable[..., Any], *args: Any) -> dict[str, Call]:
+    """eager / inductor / tpu calls of ``fn(*args)``."""
+    return {path: functools.partial(compile_for(path, fn), *args) for path in TORCH_PATHS}
+
+
+def jax_call(fn: Callable[..., jax.Array], *args: Any) -> Call:
+    jitted = jax.jit(fn)
+    return lambda: jitted(*args).block_until_ready()
+
+
+def add_one(x: Any) -> Any:
+    return x + 1
+
+
+def overhead_workload() -> Workload:
+    x = torch.zeros(4)
+    return Workload(
+        "overhead", "per-call overhead: `x + 1`, x of shape (4,)",
+        {**torch_calls(add_one, x), "jax": jax_call(add_one, jnp.asarray(x.numpy()))},
+    )
+
+
+def mlp_inputs(batch: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 1024, generator=torch.Generator().manual_seed(seed))
+
+
+def mlp_workload() -> Workload:
+    model, x = _seeded(MLP).eval(), mlp_inputs(64)
+    return Workload(
+        "mlp", "MLP 3x1024, batch 64",
+        {**torch_calls(model, x), "jax": jax_call(mlp_jax, to_jax(model), jnp.asarray(x.numpy()))},
+    )
+
+
+def decoder_workload() -> Workload:
+    model = _seeded(Decoder).eval()
+    tokens = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(1))
+    forward = functools.partial(decoder_jax, heads=4, layers=len(model.blocks))
+    return Workload(
+        "decoder", "decoder 2 blocks, d=256, 4 heads, seq 128, batch 4",
+        {
+            **torch_calls(model, tokens),
+            "jax": jax_call(forward, to_jax(model), jnp.asarray(tokens.numpy(), jnp.int32)),
+        },
+    )
+
+
+def cnn_workload() -> Workload:
+    model = _resnet()
+    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    return Workload(
+        "cnn", "ResNet-style CNN 32x32, batch 16",
+        {
+            **torch_calls(model, images),
+            "jax": jax_call(resnet_jax, to_jax(model), jnp.asarray(images.numpy())),
+        },
+    )
+
+
+def torch_train_step(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def jax_train_call(params: Params, x: jax.Array, y: jax.Array) -> Call:
+    step = jax.jit(mlp_sgd_step_jax, donate_argnums=0)
+    state = [params]
+
+    def call() -> jax.Array:
+        state[0], loss = step(state[0], x, y)
+        return jax.block_until_ready((state[0], loss))[1]
+
+    return call
+
+
+def train_workload() -> Workload:
+    """Every path trains its own copy of one initialisation on the same batch."""
+    x, y = mlp_inputs(64), mlp_inputs(64, seed=2)
+    calls = {path: compile_for(path, torch_train_step(_seeded(MLP), x, y)) for path in TORCH_PATHS}
+    jax_x, jax_y = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+    calls["jax"] = jax_train_call(to_jax(_seeded(MLP)), jax_x, jax_y)
+    return Workload("train", "MLP train step (fwd + bwd + SGD), batch 64", calls, grad=True)
+
+
+BUILDERS: dict[str, Callable[[], Workload]] = {
+    "overhead": overhead_workload,
+    "mlp": mlp_workload,
+    "decoder": decoder_workload,
+    "cnn": cnn_workload,
+    "train": train_workload,
+}
+
+
+# --------------------------------------------------------------------- measuring
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().numpy()
+    return np.asarray(value)
+
+
+def check_against_eager(name: str, outputs: Mapping[str, Any]) -> None:
+    expected = as_numpy(outputs["eager"])
+    for path, value in outputs.items():
+        np.testing.assert_allclose(
+            as_numpy(value), expected, **TOLERANCE, err_msg=f"{name}: {path} vs eager"
+        )
+
+
+def warm_up(workload: Workload) -> dict[str, float]:
+    """Each path's first-call latency; outputs of the first and last warm-up calls
+    are checked against eager's (training paths follow the same trajectory)."""
+    first_call: dict[str, float] = {}
+    first_outputs: dict[str, Any] = {}
+    last_outputs: dict[str, Any] = {}
+    for path, call in workload.calls.items():
+        started = time.perf_counter()
+        first_outputs[path] = as_numpy(call())
+        first_call[path] = time.perf_counter() - started
+        for _ in range(WARMUP_CALLS):
+            last_outputs[path] = as_numpy(call())
+    check_against_eager(workload.name, first_outputs)
+    check_against_eager(workload.name, last_outputs)
+    return first_call
+
+
+def calls_per_round(calls: Mapping[str, Call], target_s: float) -> int:
+    """Enough calls that the slowest path's batch takes about ``target_s``."""
+    slowest = 0.0
+    for call in calls.values():
+        started = time.perf_counter()
+        call()
+        slowest = max(slowest, time.perf_counter() - started)
+    return max(1, min(100_000, round(target_s / max(slowest, 1e-7))))
+
+
+@dataclasses.dataclass
+class Samples:
+    per_call_s: dict[str, list[float]]
+    """Per-call seconds, one entry per round, for each path."""
+    cpu_per_wall: dict[str, float]
+    calls_per_round: int
+
+
+def interleaved(calls: Mapping[str, Call], rounds: int, batch: int) -> Samples:
+    """``rounds`` rounds; each times ``batch`` calls of every path, order rotated per round."""
+    names = list(calls)
+    per_call: dict[str, list[float]] = {name: [] for name in names}
+    cpu = dict.fromkeys(names, 0.0)
+    wall = dict.fromkeys(names, 0.0)
+    gc.collect()
+    gc.disable()
+    try:
+        for index in range(rounds):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                call = calls[name]
+                cpu_started, started = time.process_time(), time.perf_counter()
+                for _ in range(batch):
+                    call()
+                elapsed = time.perf_counter() - started
+                per_call[name].append(elapsed / batch)
+                wall[name] += elapsed
+                cpu[name] += time.process_time() - cpu_started
+    finally:
+        gc.enable()
+    return Samples(per_call, {name: cpu[name] / wall[name] for name in names}, batch)
+
+
+def paired_ratios(per_call: Mapping[str, list[float]]) -> dict[str, float]:
+    """Median over rounds of other path's time / tpu's time (> 1: tpu faster)."""
+    return {
+        other: statistics.median(o / t for o, t in zip(per_call[other], per_call["tpu"]))
+        for other in OTHERS
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    rounds: int
+    batch_target_s: float
+    dynamic_repeats: int
+
+
+def run_steady(workload: Workload, settings: Settings) -> dict[str, Any]:
+    with torch.set_grad_enabled(workload.grad):
+        first_call = warm_up(workload)
+        batch = calls_per_round(workload.calls, settings.batch_target_s)
+        samples = interleaved(workload.calls, settings.rounds, batch)
+    median = {path: statistics.median(samples.per_call_s[path]) for path in PATHS}
+    return {
+        "description": workload.description,
+        "median_s": median,
+        "speed_ratio": paired_ratios(samples.per_call_s),
+        "first_call_s": first_call,
+        "cold_compile_s": {path: first_call[path] - median[path] for path in COMPILED},
+        "cpu_per_wall": samples.cpu_per_wall,
+        "calls_per_round": samples.calls_per_round,
+        "rounds": settings.rounds,
+    }
+
+
+def timed_pass(call: Callable[[Any], Any], inputs: Sequence[Any]) -> tuple[float, list[np.ndarray]]:
+    started = time.perf_counter()
+    outputs = [call(x) for x in inputs]
+    return time.perf_counter() - started, [as_numpy(o) for o in outputs]
+
+
+def run_dynamic(settings: Settings) -> dict[str, Any]:
+    """The MLP over batch sizes 1..64 in a fixed random order, per path from a cold start."""
+    sizes = list(range(1, 65))
+    random.Random(0).shuffle(sizes)
+    model = _seeded(MLP).eval()
+    inputs = [mlp_inputs(size, seed=size) for size in sizes]
+    jax_inputs = [jnp.asarray(x.numpy()) for x in inputs]
+    params = to_jax(model)
+    first: dict[str, float] = {}
+    second: dict[str, float] = {}
+    reference: list[np.ndarray] = []
+    with torch.no_grad():
+        for path in PATHS:
+            torch._dynamo.reset()  # no automatic-dynamic state or code from another path
+            clear_memory_cache()
+            if path == "jax":
+                jitted = jax.jit(mlp_jax)
+                call, path_inputs = (lambda x: jitted(params, x).block_until_ready()), jax_inputs
+            else:
+                call, path_inputs = compile_for(path, model), inputs
+            first[path], outputs = timed_pass(call, path_inputs)
+            repeats = (timed_pass(call, path_inputs)[0] for _ in range(settings.dynamic_repeats))
+            second[path] = statistics.median(repeats)
+            reference = reference or outputs
+            for size, got, want in zip(sizes, outputs, reference):
+                np.testing.assert_allclose(
+                    got, want, **TOLERANCE, err_msg=f"dynamic: {path} at batch {size}"
+                )
+    return {
+        "description": "MLP, batch sizes 1..64 in random order",
+        "sizes": sizes,
+        "first_pass_s": first,
+        "second_pass_s": second,
+        "speed_ratio": {
+            "first_pass": {other: first[other] / first["tpu"] for other in OTHERS},
+            "second_pass": {other: second[other] / second["tpu"] for other in OTHERS},
+        },
+        "second_pass_repeats": settings.dynamic_repeats,
+    }
+
+
+def prime_backends() -> dict[str, float]:
+    """One throwaway compile per backend, so that one-time process setup (imports,
+    PJRT client, compile workers) lands in no workload; returns its seconds."""
+
+    def double(x: Any) -> Any:
+        return x * 2
+
+    seconds = {}
+    for path in COMPILED:
+        if path == "jax":
+            call = jax_call(double, jnp.ones(8))
+        else:
+            call = functools.partial(compile_for(path, double), torch.ones(8))
+        started = time.perf_counter()
+        call()
+        seconds[path] = time.perf_counter() - started
+    return seconds
+
+
+# ------------------------------------------------------------------------ bars
+
+
+@dataclasses.dataclass(frozen=True)
+class Bar:
+    name: str
+    measured: float
+    needed: float
+    at_most: bool = False
+    """True: the measured value must not exceed ``needed`` (else: reach it)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.measured <= self.needed if self.at_most else self.measured >= self.needed
+
+    def row(self) -> list[str]:
+        needed = f"{'<=' if self.at_most else '>='} {self.needed:.2f}x"
+        return [self.name, f"{self.measured:.3f}x", needed, "PASS" if self.passed else "FAIL"]
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def evaluate_bars(results: Mapping[str, Any]) -> list[Bar]:
+    """Every bar whose workloads ran."""
+    bars: list[Bar] = []
+    for name in STEADY:
+        if name in results:
+            bars.append(Bar(f"tpu vs jax.jit, {name}", results[name]["speed_ratio"]["jax"], 0.95))
+    if all(name in results for name in STEADY):
+        for other, needed in (("eager", 1.1), ("inductor", 1.0)):
+            ratios = [results[name]["speed_ratio"][other] for name in STEADY]
+            label = f"geomean mlp/decoder/cnn, tpu vs {LABELS[other]}"
+            bars.append(Bar(label, geomean(ratios), needed))
+    if "overhead" in results:
+        ratio = results["overhead"]["speed_ratio"]["inductor"]
+        bars.append(Bar("per-call overhead, Inductor time / tpu time", ratio, 1.0))
+    if "decoder" in results:
+        cold = results["decoder"]["cold_compile_s"]
+        ratio = cold["tpu"] / cold["inductor"]
+        bars.append(Bar("decoder cold compile, tpu / Inductor", ratio, 0.2, at_most=True))
+    if "train" in results:
+        ratio = results["train"]["speed_ratio"]["eager"]
+        bars.append(Bar("MLP train step, tpu vs eager", ratio, 1.0))
+    return bars
+
+
+# ------------------------------------------------------------------------ output
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _row(label: str, times: Mapping[str, float], ratios: Mapping[str, float]) -> list[str]:
+    cells = [fmt_time(times[p]) if p in times else "-" for p in PATHS]
+    return [label, *cells, *(f"{ratios[o]:.2f}x" if o in ratios else "-" for o in OTHERS)]
+
+
+def result_rows(results: Mapping[str, Any]) -> list[list[str]]:
+    """Steady workloads, the dynamic sweep's two passes, then cold compiles."""
+    rows = [
+        _row(results[name]["description"], results[name]["median_s"], results[name]["speed_ratio"])
+        for name in BUILDERS
+        if name in results
+    ]
+    if "dynamic" in results:
+        sweep = results["dynamic"]
+        for kind in ("first_pass", "second_pass"):
+            label = f"{sweep['description']}, {kind.replace('_', ' ')} (total)"
+            rows.append(_row(label, sweep[f"{kind}_s"], sweep["speed_ratio"][kind]))
+    for name in ("decoder", "cnn", "mlp", "train"):
+        if name in results:
+            cold = results[name]["cold_compile_s"]
+            ratios = {o: cold[o] / cold["tpu"] for o in ("inductor", "jax")}
+            rows.append(_row(f"cold compile, {name} (first call - steady call)", cold, ratios))
+    return rows
+
+
+BAR_HEADER = ["bar", "measured", "needed", "verdict"]
+RESULT_HEADER = ["workload", *(LABELS[p] for p in PATHS), *(f"tpu vs {LABELS[o]}" for o in OTHERS)]
+
+
+def report_text(report: Mapping[str, Any]) -> str:
+    """The results and bars as markdown tables (printed, and put in the README)."""
+    meta = report["meta"]
+    lines = [
+        f"`python benchmarks/perf.py` on {meta['date']}: {meta['cpu_count']} CPU cores "
+        f"(load average {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end), "
+        f"{meta['threads']} intra-op thread(s) for every path, torch {meta['versions']['torch']}, "
+        f"jaxlib {meta['versions']['jaxlib']}, tpu_inductor {meta['commit']}. Medians over "
+        f"{report['settings']['rounds']} interleaved rounds; \"tpu vs X\" is the median over "
+        "rounds of X's time / tpu's time (> 1: tpu is faster).",
+        "",
+        markdown(RESULT_HEADER, result_rows(report["workloads"])),
+        "",
+        markdown(BAR_HEADER, [Bar(**b["bar"]).row() for b in report["bars"]]),
+    ]
+    return "\n".join(lines)
+
+
+def write_readme(text: str, readme: Path = README) -> None:
+    """Replace what lies between the perf-table markers with ``text``."""
+    content = readme.read_text()
+    start, end = content.index(MARKERS[0]), content.index(MARKERS[1])
+    content = content[: start + len(MARKERS[0])] + "\n" + text + "\n" + content[end:]
+    readme.write_text(content)
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    dists = ("torch", "torch-mlir", "jax", "jaxlib", "numpy")
+    return {dist: metadata.version(dist) for dist in dists}
+
+
+def commit() -> str:
+    """The commit of the tpu_inductor being measured (``+dirty``: its package has edits)."""
+    import tpu_inductor
+
+    checkout = Path(tpu_inductor.__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--", "tpu_inductor") else "")
+
+
+def print_progress(name: str, result: Mapping[str, Any]) -> None:
+    if name == "dynamic":
+        for kind in ("first_pass", "second_pass"):
+            times = "  ".join(f"{LABELS[p]} {fmt_time(result[f'{kind}_s'][p])}" for p in PATHS)
+            print(f"  {kind.replace('_', ' ')}: {times}", flush=True)
+        return
+    for key in ("median_s", "first_call_s"):
+        print(f"  {key}: " + "  ".join(f"{LABELS[p]} {fmt_time(result[key][p])}" for p in PATHS))
+    print("  tpu vs: " + "  ".join(f"{LABELS[o]} {result['speed_ratio'][o]:.2f}x" for o in OTHERS))
+    utilisation = "  ".join(f"{LABELS[p]} {result['cpu_per_wall'][p]:.2f}" for p in PATHS)
+    print(f"  cpu/wall: {utilisation}", flush=True)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--threads", type=int, default=1, help="intra-op threads for every path (default 1)")
+    add("--quick", action="store_true", help="few rounds, for development; writes no files")
+    add("--only", type=lambda s: s.split(","), default=list(WORKLOADS),
+        help=f"comma-separated subset of {','.join(WORKLOADS)}; writes no files")
+    add("--rounds", type=int, help="interleaved rounds (default 30, --quick 5)")
+    add("--json", type=Path,
+        help=f"where to write results (default {DEFAULT_JSON.relative_to(ROOT)})")
+    add("--write-readme", action="store_true", help="regenerate the README's results table")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.only) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; choose from {','.join(WORKLOADS)}")
+    partial = args.quick or set(args.only) != set(WORKLOADS)
+    if args.write_readme and partial:
+        parser.error("--write-readme needs a full run (no --quick, no --only)")
+    if args.json is None and not partial:
+        args.json = DEFAULT_JSON
+    return args
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    settings = Settings(
+        rounds=args.rounds or (5 if args.quick else 30),
+        batch_target_s=0.02 if args.quick else 0.05,
+        dynamic_repeats=1 if args.quick else 3,
+    )
+    load_start = os.getloadavg()[0]
+    pins = " ".join(f"{k}={os.environ[k]!r}" for k in PINNED)
+    print(f"threads={THREADS} {pins} load={load_start:.2f}", flush=True)
+    setup_s = prime_backends()
+    results: dict[str, Any] = {}
+    for name in (w for w in WORKLOADS if w in args.only):
+        print(f"{name} ...", flush=True)
+        if name == "dynamic":
+            results[name] = run_dynamic(settings)
+        else:
+            results[name] = run_steady(BUILDERS[name](), settings)
+        print_progress(name, results[name])
+    bars = evaluate_bars(results)
+    report = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d"),
+            "threads": THREADS,
+            "environment": {k: os.environ[k] for k in PINNED},
+            "cpu_count": os.cpu_count(),
+            "load_start": load_start,
+            "load_end": os.getloadavg()[0],
+            "python": platform.python_version(),
+            "versions": versions(),
+            "commit": commit(),
+            "inductor_compile_threads": torch._inductor.config.compile_threads,
+            "first_compile_in_process_s": setup_s,
+        },
+        "settings": {**dataclasses.asdict(settings), "quick": args.quick},
+        "workloads": results,
+        "bars": [{"bar": dataclasses.asdict(b), "pass": b.passed} for b in bars],
+    }
+    text = report_text(report)
+    print("\n" + text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        print(f"\nwrote {args.json}")
+    if args.write_readme:
+        write_readme(text)
+        print(f"updated {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
