@@ -174,3 +174,36 @@ def test_graph_with_a_matmul_is_not_an_update_graph():
     graphs = report.current().graphs
     assert not any(g.eager_kernels for g in graphs)
     assert any(g.islands for g in graphs)
+
+
+@pytest.mark.parametrize("eager_kernels", [True, False])
+def test_adamw_step_in_place_or_fully_lowered(eager_kernels):
+    """Dynamo's lerp_ polyfill emits prims.fma: the step is an in-place update
+    graph, and with eager_kernels off it lowers (fma as a * b + c) instead of
+    falling back. Tolerance: fma vs multiply-then-add differ by 1 ulp per step."""
+
+    def setup():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 8)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def train(model, step):
+        for _ in range(3):
+            model.zero_grad()
+            model(x).square().sum().backward()
+            step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    eager_model, eager_optimizer = setup()
+    expected = train(eager_model, eager_optimizer.step)
+    model, optimizer = setup()
+    options = {"cache": False, "eager_kernels": eager_kernels}
+    actual = train(model, torch.compile(optimizer.step, backend="tpu", options=options))
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+    graphs = report.current().graphs
+    assert not any(g.fallbacks for g in graphs)
+    in_place = any(k.op == "in-place update graph" for g in graphs for k in g.eager_kernels)
+    assert in_place == eager_kernels

@@ -223,12 +223,27 @@ ATTENTION_OPS = frozenset(
 )
 
 
+def _inductor_prims() -> dict:
+    """Inductor's prims that Dynamo itself emits, as plain ATen arithmetic.
+
+    Dynamo's polyfill for ``lerp_`` (every Adam/AdamW step) calls
+    ``prims.fma``, which torch-mlir cannot lower: the optimizer step ran in
+    eager pieces. ``a * b + c`` rounds the product once more than a fused
+    multiply-add (at most 1 ulp); Inductor's own CPU lowering of it does the same.
+    Dynamo imports the module already, so this costs no import time.
+    """
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma)
+
+    return {torch.ops.prims.fma.default: lambda a, b, c: a * b + c}
+
+
 @functools.cache
 def decomposition_table(keep_attention: bool = False) -> dict[torch._ops.OperatorBase, Callable]:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    table.update(_inductor_prims())
     if keep_attention:
         for op in ATTENTION_OPS:
             table.pop(op, None)

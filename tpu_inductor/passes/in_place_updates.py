@@ -39,6 +39,10 @@ def in_place_update_reason(gm: torch.fx.GraphModule) -> Optional[str]:
                    for n in node.all_input_nodes):
                 return None
         elif node.op in ("call_function", "call_method"):
+            if isinstance(node.target, torch._ops.OpOverload):  # prims.fma from Dynamo's lerp_
+                if torch.Tag.pointwise not in node.target.tags:
+                    return None
+                continue
             name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
             if _is_in_place(name):
                 updates += 1
@@ -55,7 +59,9 @@ def in_place_update_reason(gm: torch.fx.GraphModule) -> Optional[str]:
 
 
 def _is_in_place(name: str) -> bool:
-    return name.endswith("_") and not name.endswith("__") and _is_pointwise(name.rstrip("_"))
+    if not name.endswith("_") or name.endswith("__"):
+        return False
+    return name == "copy_" or _is_pointwise(name.rstrip("_"))  # copy_ is untagged
 
 
 @functools.cache
