@@ -353,6 +353,18 @@ def print_summary(summary: dict) -> None:
             print(f"  {item['count']:4d}  {item['cause']}   e.g. {', '.join(item['examples'][:2])}")
 
 
+def _scope(args: argparse.Namespace, tasks: list[tuple[str, str, str]]) -> str:
+    """What a partial sweep covered, in words a reader of the README can check."""
+    from benchmarks.hf_zoo import architectures
+
+    if args.only:
+        return f"architectures {args.only}; heads {args.heads}; modes {args.modes}"
+    names = list(dict.fromkeys(t[0] for t in tasks))  # registry order
+    total = len({name for name, _ in architectures()})
+    span = f" ({names[0]} to {names[-1]} in registry order)" if names else ""
+    return f"the first {len(names)} of {total} architectures{span}; heads {args.heads}; modes {args.modes}"
+
+
 def readme_table(summary: dict, meta: dict) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     lines += ["| " + " | ".join(_format_row(k, g)) + " |" for k, g in sorted(summary["groups"].items())]
@@ -424,7 +436,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     meta = {
         "date": time.strftime("%Y-%m-%d"), "transformers": transformers.__version__, "torch": torch.__version__,
         "timeout": args.timeout, "partial": not every,
-        "scope": f"only={args.only} limit={args.limit} heads={args.heads} modes={args.modes}",
+        "scope": _scope(args, tasks),
     }
     records = [done[t] for t in tasks if t in done]
     todo = [t for t in tasks if t not in done]
