@@ -64,6 +64,11 @@ def test_faster_eager_kernel_runs_the_conv(timings, tmp_path):
     assert "faster" in graph.eager_kernels[0].reason
     assert graph.fallbacks == []  # a choice, not a fallback
     assert graph.islands and "aten.convolution.default" not in graph.islands[0].ops
+    from tpu_inductor.reporting.html import render
+
+    page = render(report.current())
+    choices = page[page.index('id="eager-kernels"'):page.index('id="recompiles"')]
+    assert "aten.convolution.default" in choices
 
 
 def test_slower_eager_kernel_leaves_the_conv_on_the_device(timings, tmp_path):

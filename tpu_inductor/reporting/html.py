@@ -4,7 +4,7 @@ Why: a page a person would rather look at than read logs. Everything is in
 the one file (inline CSS, an inline SVG chart, no scripts, fonts or links to
 other hosts), so it opens from a laptop, a CI artifact or an e-mail
 attachment alike. Each section has a stable ``id`` (``summary``,
-``graph-breaks``, ``fallbacks``, ``recompiles``, ``compile-time``,
+``graph-breaks``, ``fallbacks``, ``eager-kernels``, ``recompiles``, ``compile-time``,
 ``graphs``, ``islands``, ``cache``, ``repros``) for links and tests.
 """
 
@@ -159,6 +159,20 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
                 numeric=(1,),
             ),
             "Nodes that did not run on the device; each costs a device round trip.",
+        ),
+        _section(
+            "eager-kernels",
+            "PyTorch kernels by choice",
+            _table(
+                ["op", "count", "source", "reason", "graph"],
+                (
+                    [_code(r.op), str(r.count), _code(r.source), _e(r.reason), f"#{r.graph_id} {_e(r.kind)}"]
+                    for r in fallback_rows(report, "eager_kernels")
+                ),
+                numeric=(1,),
+            ),
+            "Nodes that lower but ran on PyTorch's own kernel because it measured faster "
+            "(option eager_kernels).",
         ),
         _section(
             "recompiles",

@@ -39,10 +39,12 @@ class FallbackRow:
     count: int
 
 
-def fallback_rows(report: record.Report) -> list[FallbackRow]:
+def fallback_rows(report: record.Report, kind: str = "fallbacks") -> list[FallbackRow]:
+    """Eager nodes grouped by graph, op, reason and line; ``kind`` is
+    ``fallbacks`` or ``eager_kernels`` (PyTorch's kernel chosen for speed)."""
     rows: dict[tuple, FallbackRow] = {}
     for graph in report.graphs:
-        for fallback in graph.fallbacks:
+        for fallback in getattr(graph, kind):
             key = (graph.graph_id, fallback.op, fallback.reason, fallback.source)
             if key in rows:
                 rows[key].count += 1
