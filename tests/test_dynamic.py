@@ -201,6 +201,21 @@ def test_padded_value_rows_never_leak_into_causal_attention():
     assert any(r.bucket != r.sizes for r in report.current().recompiles)
 
 
+def test_attention_with_a_mask_argument_under_dynamic_shapes():
+    """attn_mask is a tensor argument of SDPA: it must be traced as an input when
+    the dynamic path decomposes attention (it was passed as an FX node: jetmoe)."""
+
+    def attend(x, mask):
+        return F.scaled_dot_product_attention(x, x, x, attn_mask=mask) + 1
+
+    fn = compiled(attend)
+    for length in (4, 6, 9):
+        x = torch.randn(1, 2, length, 8)
+        mask = torch.randn(length, length) > -0.5
+        mask |= torch.eye(length, dtype=torch.bool)
+        torch.testing.assert_close(fn(x, mask), attend(x, mask), **MODEL_TOL)
+
+
 def test_non_causal_attention_compiles_at_exact_lengths():
     def attend(x):
         return F.scaled_dot_product_attention(x, x, x) + 1

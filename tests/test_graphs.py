@@ -124,6 +124,22 @@ def test_overlapping_as_strided_of_a_computed_tensor(size, stride, offset):
     assert fallback_ops() == []
 
 
+@pytest.mark.parametrize("value", [0, 1.5])
+def test_boolean_mask_assignment_lowers(value):
+    """x[mask] = scalar failed in torch-mlir (index_put with a bool index); as
+    where(mask, scalar, x) it lowers. Gemma 3 does it to its input ids."""
+
+    def replace_tokens(ids, features):
+        ids, features = ids.clone(), features.clone()
+        ids[ids > 50] = 0
+        features[ids == 0] = value  # mask over the leading dims only
+        return ids * 2, features
+
+    ids, features = torch.randint(0, 100, (2, 16)), torch.randn(2, 16, 4)
+    run_both(replace_tokens, ids, features)
+    assert fallback_ops() == []
+
+
 @pytest.mark.parametrize("start", [8, 16, -4])
 def test_open_ended_slice_assignment_lowers(start):
     """``x[:, 8:] = y`` is slice_scatter with end 2**63-1, which torch-mlir sized

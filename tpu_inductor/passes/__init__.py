@@ -18,6 +18,7 @@ from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
+from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
 from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
 from tpu_inductor.passes.wrap_negative_indices import wrap_negative_indices
 
@@ -29,6 +30,7 @@ GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 PIPELINE: tuple[GraphPass, ...] = (
     scalar_tensor_as_full,
     empty_as_zeros,
+    mask_index_put_as_where,
     wrap_negative_indices,
     clamp_slice_bounds,
     as_strided_as_gather,

@@ -31,6 +31,7 @@ After (key dim ``s0`` padded)::
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from typing import Any, Callable, Optional, Sequence
@@ -70,17 +71,24 @@ def decompose_attention(
             )
             _inline(gm, node, replacement, [*node.args[:3], valid])
         else:
-            table_decomposition = decomposition_table()[node.target]
-            args, kwargs = node.args, dict(node.kwargs)
+            # Every tensor argument is a traced input: attn_mask too, not only q, k, v.
+            inputs = list(node.all_input_nodes)
             replacement = _trace(
-                lambda *tensors: table_decomposition(*tensors, *args[3:], **kwargs),
-                tuple(a.meta["val"] for a in args[:3]),
+                functools.partial(_decomposed, node, inputs), tuple(n.meta["val"] for n in inputs)
             )
-            _inline(gm, node, replacement, list(args[:3]))
+            _inline(gm, node, replacement, inputs)
     graph.eliminate_dead_code()  # the decompositions' unused second outputs
     graph.lint()
     gm.recompile()
     return gm, list(length_inputs)
+
+
+def _decomposed(node: torch.fx.Node, inputs: list[torch.fx.Node], *tensors: torch.Tensor) -> Any:
+    """``node``'s op through our decomposition table, its tensor arguments replaced."""
+    values = dict(zip(inputs, tensors))
+    args = torch.fx.node.map_arg(node.args, values.__getitem__)
+    kwargs = torch.fx.node.map_arg(node.kwargs, values.__getitem__)
+    return decomposition_table()[node.target](*args, **kwargs)
 
 
 def _attention_masking_padded_keys(q, k, v, valid_keys, scale: Optional[float]):
