@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
+
+from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
 
@@ -36,7 +37,7 @@ def as_strided_as_gather(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         if not _all_ints(value.shape) or not value.is_contiguous() or value.storage_offset() != 0:
             continue
-        builder = _Builder(graph, node)
+        builder = GraphBuilder(graph, node)
         with graph.inserting_before(node):
             flat = builder.call(aten.view.default, source, [-1])
             if list(stride) == _contiguous_strides(size):
@@ -45,49 +46,27 @@ def as_strided_as_gather(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                     flat = builder.call(aten.slice.Tensor, flat, 0, offset, offset + count)
                 result = builder.call(aten.view.default, flat, list(size))
             else:
-                result = builder.call(aten.index.Tensor, flat, [builder.strided_index(size, stride, offset)])
-        node.replace_all_uses_with(result)
-        graph.erase_node(node)
+                result = builder.call(aten.index.Tensor, flat, [_strided_index(builder, size, stride, offset)])
+        builder.replace_anchor(result)
         changed = True
     if changed:
         gm.recompile()
     return gm
 
 
-class _Builder:
-    """Inserts calls with FakeTensor values, so later passes and lowering see them."""
+def _strided_index(builder: GraphBuilder, size: list[int], stride: list[int], offset: int) -> torch.fx.Node:
+    """``offset + sum_k arange(size_k) * stride_k``, broadcast to ``size``."""
+    index = None
+    for dim, (extent, step) in enumerate(zip(size, stride)):
+        term = builder.call(aten.mul.Tensor, builder.arange(extent), step)
+        shape = [1] * len(size)
+        shape[dim] = extent
+        term = builder.call(aten.view.default, term, shape)
+        index = term if index is None else builder.call(aten.add.Tensor, index, term)
+    if index is None:  # 0-d result
+        index = builder.call(aten.view.default, builder.arange(1), [])
+    return builder.call(aten.add.Tensor, index, offset) if offset else index
 
-    def __init__(self, graph: torch.fx.Graph, anchor: torch.fx.Node) -> None:
-        self.graph = graph
-        self.anchor = anchor
-        self.fake_mode = detect_fake_mode([anchor.meta.get("val")])
-
-    def call(self, target: Any, *args: Any) -> torch.fx.Node:
-        node = self.graph.call_function(target, args)
-        fake_args = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
-        with self.fake_mode:
-            node.meta["val"] = target(*fake_args)
-        node.meta["stack_trace"] = self.anchor.meta.get("stack_trace") or ""
-        return node
-
-    def strided_index(self, size: list[int], stride: list[int], offset: int) -> torch.fx.Node:
-        """``offset + sum_k arange(size_k) * stride_k``, broadcast to ``size``."""
-        index = None
-        for dim, (extent, step) in enumerate(zip(size, stride)):
-            term = self.call(aten.mul.Tensor, self._arange(extent), step)
-            shape = [1] * len(size)
-            shape[dim] = extent
-            term = self.call(aten.view.default, term, shape)
-            index = term if index is None else self.call(aten.add.Tensor, index, term)
-        if index is None:  # 0-d result
-            index = self.call(aten.view.default, self._arange(1), [])
-        return self.call(aten.add.Tensor, index, offset) if offset else index
-
-    def _arange(self, extent: int) -> torch.fx.Node:
-        node = self.graph.call_function(aten.arange.default, (extent,), {"dtype": torch.int64})
-        with self.fake_mode:
-            node.meta["val"] = torch.arange(extent, dtype=torch.int64)
-        return node
 
 
 def _contiguous_strides(size: list[int]) -> list[int]:

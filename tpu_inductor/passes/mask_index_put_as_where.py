@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
+
+from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
 
@@ -38,22 +39,13 @@ def mask_index_put_as_where(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if mask.dtype != torch.bool or value.numel() != 1 or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
             continue
         trailing = x.dim() - mask.dim()
+        builder = GraphBuilder(graph, node)
         with graph.inserting_before(node):
             condition = indices[0]
             if trailing:
-                condition = graph.call_function(aten.view.default, (condition, [*mask.shape] + [1] * trailing))
-            scalar = graph.call_function(aten.view.default, (values, []))
-            result = graph.call_function(aten.where.self, (condition, scalar, source))
-        fake_mode = detect_fake_mode([x])
-        with fake_mode:
-            if trailing:
-                condition.meta["val"] = mask.view([*mask.shape] + [1] * trailing)
-            scalar.meta["val"] = value.view([])
-            result.meta["val"] = torch.where(condition.meta["val"], scalar.meta["val"], x)
-        for new in {condition, scalar, result} - {indices[0]}:
-            new.meta["stack_trace"] = node.meta.get("stack_trace") or ""
-        node.replace_all_uses_with(result)
-        graph.erase_node(node)
+                condition = builder.call(aten.view.default, condition, [*mask.shape] + [1] * trailing)
+            scalar = builder.call(aten.view.default, values, [])
+            builder.replace_anchor(builder.call(aten.where.self, condition, scalar, source))
         changed = True
     if changed:
         gm.recompile()

@@ -106,6 +106,18 @@ def compile_time_chart(seconds: dict[str, float]) -> str:
     return "".join(parts)
 
 
+def _eager_nodes_table(rows) -> str:
+    """Fallbacks or kernel choices: op, count, source line, reason, graph."""
+    return _table(
+        ["op", "count", "source", "reason", "graph"],
+        (
+            [_code(r.op), str(r.count), _code(r.source), _e(r.reason), f"#{r.graph_id} {_e(r.kind)}"]
+            for r in rows
+        ),
+        numeric=(1,),
+    )
+
+
 def render(report: record.Report, title: str = "tpu_inductor report") -> str:
     seconds = stage_seconds(report)
     fallbacks = fallback_rows(report)
@@ -150,27 +162,13 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
         _section(
             "fallbacks",
             "Ops in eager PyTorch (fallbacks)",
-            _table(
-                ["op", "count", "source", "reason", "graph"],
-                (
-                    [_code(r.op), str(r.count), _code(r.source), _e(r.reason), f"#{r.graph_id} {_e(r.kind)}"]
-                    for r in fallbacks
-                ),
-                numeric=(1,),
-            ),
+            _eager_nodes_table(fallbacks),
             "Nodes that did not run on the device; each costs a device round trip.",
         ),
         _section(
             "eager-kernels",
             "PyTorch kernels by choice",
-            _table(
-                ["op", "count", "source", "reason", "graph"],
-                (
-                    [_code(r.op), str(r.count), _code(r.source), _e(r.reason), f"#{r.graph_id} {_e(r.kind)}"]
-                    for r in fallback_rows(report, "eager_kernels")
-                ),
-                numeric=(1,),
-            ),
+            _eager_nodes_table(fallback_rows(report, "eager_kernels")),
             "Nodes that lower but ran on PyTorch's own kernel because it measured faster "
             "(option eager_kernels).",
         ),
