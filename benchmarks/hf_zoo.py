@@ -197,6 +197,13 @@ def _image_size(size: int, patch: Any) -> int:
     return size
 
 
+def _cap(attrs: dict[str, Any], out: dict[str, Any], keys: Any, limit: int) -> None:
+    """Set ``out[key] = limit`` for each integer attribute in ``keys`` above it."""
+    for key in keys:
+        if _int(attrs.get(key)) and attrs[key] > limit:
+            out[key] = limit
+
+
 def _width_overrides(attrs: dict[str, Any]) -> dict[str, Any]:
     """Widths, heads, FFN, vocabulary, experts, image and audio sizes."""
     out: dict[str, Any] = {}
@@ -206,35 +213,19 @@ def _width_overrides(attrs: dict[str, Any]) -> dict[str, Any]:
         # Hierarchical models (Swin): widths double per stage with the heads,
         # so a width of 16 per head in the first stage keeps every stage divisible.
         hidden = HEAD_DIM * heads_list[0]
-    for key in _HIDDEN_KEYS:
-        if _int(attrs.get(key)) and attrs[key] > hidden:
-            out[key] = hidden
-    for key in _HEAD_KEYS:
-        if _int(attrs.get(key)) and attrs[key] > HEAD_COUNT:
-            out[key] = HEAD_COUNT
+    _cap(attrs, out, _HIDDEN_KEYS, hidden)
+    _cap(attrs, out, _HEAD_KEYS, HEAD_COUNT)
     heads = next((attrs[k] for k in _HEAD_KEYS if _int(attrs.get(k))), None)
     for key in _KV_HEAD_KEYS:
         if _int(attrs.get(key)) and attrs[key] > KV_HEADS:
             # Multi-head models (kv == heads) stay multi-head; GQA ones get 2 groups.
             out[key] = min(HEAD_COUNT, heads or HEAD_COUNT) if attrs[key] == heads else KV_HEADS
-    for key in _HEAD_DIM_KEYS:
-        if _int(attrs.get(key)) and attrs[key] > HEAD_DIM:
-            out[key] = HEAD_DIM
-    for key in _FFN_KEYS:
-        if _int(attrs.get(key)) and attrs[key] > FFN:
-            out[key] = FFN
-    for key in _EXPERT_KEYS:
-        if _int(attrs.get(key)) and attrs[key] > EXPERTS:
-            out[key] = EXPERTS
-    for key in _TOP_K_KEYS:
-        if _int(attrs.get(key)) and attrs[key] > 2:
-            out[key] = 2
-    for key in ("n_group", "topk_group", "n_shared_experts"):
-        if _int(attrs.get(key)) and attrs[key] > 1:
-            out[key] = 1
-    for key in _SMALL_POSITIONS:
-        if _int(attrs.get(key)) and attrs[key] > 64:
-            out[key] = 64
+    _cap(attrs, out, _HEAD_DIM_KEYS, HEAD_DIM)
+    _cap(attrs, out, _FFN_KEYS, FFN)
+    _cap(attrs, out, _EXPERT_KEYS, EXPERTS)
+    _cap(attrs, out, _TOP_K_KEYS, 2)
+    _cap(attrs, out, ("n_group", "topk_group", "n_shared_experts"), 1)
+    _cap(attrs, out, _SMALL_POSITIONS, 64)
     for key, value in attrs.items():
         # Per-head sizes under other names (rotary_dim, qk_rope_head_dim,
         # v_head_dim) and low-rank projections must shrink with the heads.
