@@ -12,7 +12,6 @@ shared.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from typing import Any, Optional, Sequence
 
@@ -39,7 +38,7 @@ from tpu_inductor.runtime import (
     select_platform,
 )
 from tpu_inductor.runtime.disk_cache import DiskCache
-from tpu_inductor.runtime.executable import TensorSpec, key_versions
+from tpu_inductor.runtime.executable import TensorSpec, versions_digest
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +87,7 @@ def _support_table(cache_root) -> SupportTable:
     if key not in _support_tables:
         # What failed with one torch-mlir/XLA (or one version of our lowering
         # code) may lower with the next: one file per versions + source digest.
-        versions = hashlib.sha256(repr(sorted(key_versions().items())).encode())
-        name = f"learned_unsupported-{versions.hexdigest()[:12]}.json"
+        name = f"learned_unsupported-{versions_digest()}.json"
         _support_tables[key] = SupportTable(cache_root / name if cache_root else None)
     return _support_tables[key]
 

@@ -20,7 +20,6 @@ after: ``convolution`` in eager, ``island -> [mul, add, relu]``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import statistics
 import time
@@ -33,7 +32,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from tpu_inductor.runtime.disk_cache import PersistedDict
-from tpu_inductor.runtime.executable import key_versions
+from tpu_inductor.runtime.executable import versions_digest
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +67,8 @@ class KernelChooser:
         if not platform.shares_host_memory or platform.name != "cpu":
             return None
         # Timings belong to one machine and one set of versions.
-        digest = hashlib.sha256(repr(sorted(key_versions().items())).encode()).hexdigest()[:12]
-        path = cache_root / f"kernel_timings-{platform.device_kind}-{digest}.json" if cache_root else None
+        name = f"kernel_timings-{platform.device_kind}-{versions_digest()}.json"
+        path = cache_root / name if cache_root else None
 
         def time_xla(probe: torch.fx.GraphModule, inputs: list) -> float:
             from tpu_inductor.lowering.stablehlo import lower_to_stablehlo

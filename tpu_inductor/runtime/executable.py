@@ -74,6 +74,12 @@ def key_versions() -> dict[str, str]:
     return {**component_versions(), "tpu_inductor source": _source_digest()}
 
 
+def versions_digest() -> str:
+    """:func:`key_versions` in 12 hex digits, for names of files that hold what
+    one set of versions learned (unsupported ops, kernel timings)."""
+    return hashlib.sha256(repr(sorted(key_versions().items())).encode()).hexdigest()[:12]
+
+
 @dataclasses.dataclass
 class CompileStats:
     """What one :func:`compile_stablehlo` call did, for the report."""
