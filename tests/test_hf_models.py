@@ -9,7 +9,7 @@ architectures from ``benchmarks/hf_zoo.py`` (the builder of the full sweep in
 
 * inference: every floating tensor of the output (hidden states, logits,
   caches) matches eager;
-* a causal-LM SGD step for three of them: the loss and every parameter
+* a causal-LM SGD step for five of them: the loss and every parameter
   gradient match an identical copy run eagerly;
 * what the backend achieves today is asserted exactly: the set of ops that
   run eagerly (empty = fully lowered) and the number of Dynamo graph breaks,
@@ -38,10 +38,6 @@ from benchmarks.hf_zoo import BuildError, build_candidates, compare, input_candi
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)
 
-# transformers' MoE experts call its own grouped-matmul custom op (no ATen
-# lowering; histc, its token count, lowers as a scatter_add).
-MOE_FALLBACKS = frozenset({"transformers.grouped_mm_fallback.default"})
-
 # (model_type, head) -> (ops that run eagerly today, Dynamo graph breaks today).
 INFERENCE: dict[tuple[str, str], tuple[frozenset[str], int]] = {
     ("bert", "base"): (frozenset(), 0),
@@ -61,8 +57,8 @@ INFERENCE: dict[tuple[str, str], tuple[frozenset[str], int]] = {
     ("swin", "base"): (frozenset(), 0),
     ("wav2vec2", "base"): (frozenset(), 0),
     ("whisper", "base"): (frozenset(), 0),
-    ("mixtral", "causal_lm"): (MOE_FALLBACKS, 0),
-    ("qwen2_moe", "causal_lm"): (MOE_FALLBACKS, 0),
+    ("mixtral", "causal_lm"): (frozenset(), 0),
+    ("qwen2_moe", "causal_lm"): (frozenset(), 0),
     ("clip", "base"): (frozenset(), 0),
 }
 
@@ -71,12 +67,15 @@ INFERENCE: dict[tuple[str, str], tuple[frozenset[str], int]] = {
 # map to no loss type, so ``loss_function`` calls ``logger.warning_once`` inside
 # forward (BartForCausalLM's name does map, so it has none). Llama's backward
 # holds the open-ended slice_scatter of rotary embeddings that once ran
-# torch-mlir out of memory (passes/clamp_slice_bounds.py).
+# torch-mlir out of memory (passes/clamp_slice_bounds.py). Mixtral's experts
+# differentiate through transformers' grouped-matmul custom op and its backward
+# op (passes/grouped_matmul.py).
 TRAIN: dict[str, tuple[frozenset[str], int]] = {
     "gpt2": (frozenset(), 1),
     "bert": (frozenset(), 1),
     "bart": (frozenset(), 0),
     "llama": (frozenset(), 0),
+    "mixtral": (frozenset(), 0),
 }
 
 

@@ -190,6 +190,8 @@ def has_compute(record: report.Report) -> bool:
 FLOAT32_OPS = (
     # aten.diagonal lowers through our gather decomposition (passes/decompositions.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
+    # aten.unfold lowers through our index_select decomposition.
+    'unfold', 'unfold_copy',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
     '__rsub__', '_chunk_cat', '_native_batch_norm_legit', '_softmax_backward_data',
     '_unsafe_masked_index', '_unsafe_masked_index_put_accumulate', 'abs', 'acos', 'acosh',
@@ -278,6 +280,8 @@ FLOAT32_OPS = (
 INT64_OPS = (
     # aten.diagonal lowers through our gather decomposition (passes/decompositions.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
+    # aten.unfold lowers through our index_select decomposition.
+    'unfold', 'unfold_copy',
     'H', 'T', '__getitem__', '__radd__', '__rand__', '__rmatmul__', '__rmul__', '__ror__',
     '__rpow__', '__rsub__', '__rxor__', '_chunk_cat', '_unsafe_masked_index',
     '_unsafe_masked_index_put_accumulate', 'abs', 'acos', 'acosh', 'add', 'addcmul', 'addmm',
@@ -333,6 +337,8 @@ INT64_OPS = (
 BFLOAT16_OPS = (
     # aten.diagonal lowers through our gather decomposition (passes/decompositions.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
+    # aten.unfold lowers through our index_select decomposition.
+    'unfold', 'unfold_copy',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
     '__rsub__', '_chunk_cat', '_native_batch_norm_legit', '_softmax_backward_data',
     '_unsafe_masked_index', '_unsafe_masked_index_put_accumulate', 'abs', 'acos', 'acosh',

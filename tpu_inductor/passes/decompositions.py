@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
+
 aten = torch.ops.aten
 
 
@@ -128,6 +130,24 @@ def _diagonal_by_gather(x, offset: int = 0, dim1: int = 0, dim2: int = 1):
     return moved[..., steps + row_start, steps + col_start]
 
 
+def _unfold_by_gather(x, dimension: int, size: int, step: int):
+    """``unfold`` (sliding windows) as an ``index_select`` of window positions.
+
+    torch-mlir cannot convert ``aten.unfold`` to StableHLO, and PyTorch's
+    decomposition is an ``as_strided``. Window ``w`` holds elements
+    ``w * step + [0, size)`` of ``dimension``; gathering them in window order
+    and moving the window elements last gives eager's layout
+    ``(..., windows, ..., size)``.
+    """
+    if x.dim() == 0:
+        return NotImplemented
+    dim = dimension % x.dim()
+    windows = (x.shape[dim] - size) // step + 1
+    starts = torch.arange(windows, device=x.device) * step
+    positions = (starts.unsqueeze(1) + torch.arange(size, device=x.device)).flatten()
+    return x.index_select(dim, positions).unflatten(dim, (windows, size)).movedim(dim + 1, -1)
+
+
 def _batch_norm_eval_as_scale_shift(x, weight, bias, running_mean, running_var, momentum, eps):
     """Eval-mode BatchNorm as one per-channel scale and shift, as eager computes it.
 
@@ -203,6 +223,7 @@ _OURS: dict = {
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
     aten.convolution_backward.default: _conv1d_backward_as_2d,
     aten.diagonal.default: _diagonal_by_gather,
+    aten.unfold.default: _unfold_by_gather,
     aten.topk.default: _topk_sorted,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
@@ -237,13 +258,23 @@ def _inductor_prims() -> dict:
     return {torch.ops.prims.fma.default: lambda a, b, c: a * b + c}
 
 
-@functools.cache
 def decomposition_table(keep_attention: bool = False) -> dict[torch._ops.OperatorBase, Callable]:
+    """The table for this compile: ours over torch-mlir's.
+
+    Grouped matmuls come from libraries imported at any time, so the ops
+    registered now are part of the cache key.
+    """
+    return _table(keep_attention, tuple(grouped_matmul_decompositions().items()))
+
+
+@functools.cache
+def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.OperatorBase, Callable]:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(_inductor_prims())
+    table.update(grouped_matmuls)
     if keep_attention:
         for op in ATTENTION_OPS:
             table.pop(op, None)
