@@ -124,6 +124,33 @@ def test_overlapping_as_strided_of_a_computed_tensor(size, stride, offset):
     assert fallback_ops() == []
 
 
+def _window_of_a_slice(x):
+    return (x * 2)[:, 1:].as_strided((3, 3), (6, 1), 0) + 1
+
+
+def _window_of_a_transpose(x):
+    return (x * 2).t()[1:].as_strided((3, 3), (1, 4), 0) * 3
+
+
+@pytest.mark.parametrize("fn", [_window_of_a_slice, _window_of_a_transpose])
+def test_as_strided_of_a_view_reads_the_viewed_tensor(fn):
+    """as_strided reads the storage of the tensor its input views, including
+    elements outside the view (Longformer's overlapping chunks). Run eagerly on
+    an island's row-major output it read other elements, silently; rewritten
+    from the viewed tensor it lowers and is exact."""
+    run_both(fn, torch.arange(24.0).view(4, 6))
+    assert fallback_ops() == []
+
+
+def test_as_strided_beyond_a_strided_input_runs_on_its_real_storage():
+    def windows(x):
+        return x[:, 1:].sin().sum() + x[:, 1:].as_strided((3, 3), (12, 1), 0).cos()
+
+    x = torch.arange(48.0).view(4, 12)[:, ::2]  # the windows read the skipped columns
+    torch.testing.assert_close(compiled(windows)(x), windows(x))
+    assert fallback_ops() == ["aten.as_strided.default"]
+
+
 @pytest.mark.parametrize("value", [0, 1.5])
 def test_boolean_mask_assignment_lowers(value):
     """x[mask] = scalar failed in torch-mlir (index_put with a bool index); as
@@ -137,6 +164,21 @@ def test_boolean_mask_assignment_lowers(value):
 
     ids, features = torch.randint(0, 100, (2, 16)), torch.randn(2, 16, 4)
     run_both(replace_tokens, ids, features)
+    assert fallback_ops() == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])
+def test_comparisons_of_unsigned_values_lower(dtype):
+    """torch-mlir emits SIGNED compares for bool and uint8, which XLA rejects
+    (lowering/compare_types.py). uint8 values above 127 check that the order is
+    unsigned, not merely accepted."""
+
+    def compare(x, y):
+        return (x > 0).float() + (x <= y).float() * 2 + (x >= 1).float() * 4 + (torch.maximum(x, y) == x) * 8
+
+    values = torch.tensor([0, 1, 100, 200, 255, 128])
+    x, y = values.to(dtype), values.flip(0).to(dtype)
+    run_both(compare, x, y)
     assert fallback_ops() == []
 
 

@@ -282,6 +282,8 @@ INT64_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
+    # integer reciprocal is computed in the default float (passes/decompositions.py).
+    'reciprocal', '__rdiv__',
     'H', 'T', '__getitem__', '__radd__', '__rand__', '__rmatmul__', '__rmul__', '__ror__',
     '__rpow__', '__rsub__', '__rxor__', '_chunk_cat', '_unsafe_masked_index',
     '_unsafe_masked_index_put_accumulate', 'abs', 'acos', 'acosh', 'add', 'addcmul', 'addmm',

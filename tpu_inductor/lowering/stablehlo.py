@@ -19,6 +19,7 @@ import torch.fx
 
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError
+from tpu_inductor.lowering.compare_types import fix_unsigned_compares
 from tpu_inductor.runtime.executable import TensorSpec
 
 _TORCH_TO_BACKEND = (
@@ -106,6 +107,7 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredM
         module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
         _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR")
         _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
+        fix_unsigned_compares(module)
         input_specs, output_specs = graph_specs(gm)
         bytecode = io.BytesIO()
         module.operation.write_bytecode(bytecode)

@@ -130,6 +130,18 @@ def _diagonal_by_gather(x, offset: int = 0, dim1: int = 0, dim2: int = 1):
     return moved[..., steps + row_start, steps + col_start]
 
 
+def _integer_reciprocal(x):
+    """``reciprocal`` of an integer or bool tensor, computed in the float it returns.
+
+    torch-mlir legalizes only floating-point reciprocals. Eager promotes the
+    integer input to the default float dtype first (``1 / 0`` is ``inf``),
+    so the float reciprocal of the converted input is eager's value.
+    """
+    if x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    return aten.reciprocal.default(x.to(torch.get_default_dtype()))
+
+
 def _unfold_by_gather(x, dimension: int, size: int, step: int):
     """``unfold`` (sliding windows) as an ``index_select`` of window positions.
 
@@ -224,6 +236,7 @@ _OURS: dict = {
     aten.convolution_backward.default: _conv1d_backward_as_2d,
     aten.diagonal.default: _diagonal_by_gather,
     aten.unfold.default: _unfold_by_gather,
+    aten.reciprocal.default: _integer_reciprocal,
     aten.topk.default: _topk_sorted,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,

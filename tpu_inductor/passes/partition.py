@@ -33,6 +33,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
 
 from tpu_inductor.lowering.support import SupportTable
+from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
 
 if TYPE_CHECKING:
     from tpu_inductor import report
@@ -65,14 +66,24 @@ NON_COMPUTE_OPS = (
 
 class _TableSupport(OperatorSupportBase):
     def __init__(
-        self, table: SupportTable, hazards: dict[torch.fx.Node, str], chosen: Mapping[torch.fx.Node, str]
+        self,
+        table: SupportTable,
+        hazards: dict[torch.fx.Node, str],
+        chosen: Mapping[torch.fx.Node, str],
+        layout_bound: Mapping[torch.fx.Node, str],
     ) -> None:
         self.table = table
         self.hazards = hazards
         self.chosen = chosen
+        self.layout_bound = layout_bound  # storage reads that must see eager's layout
 
     def reason(self, node: torch.fx.Node) -> Optional[str]:
-        return self.hazards.get(node) or self.chosen.get(node) or self.table.unsupported_reason(node)
+        return (
+            self.layout_bound.get(node)
+            or self.hazards.get(node)
+            or self.chosen.get(node)
+            or self.table.unsupported_reason(node)
+        )
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         return self.reason(node) is None
@@ -140,7 +151,7 @@ def propose_islands(
     ``kernels`` (passes/kernel_choice.py) may keep lowerable nodes in eager
     where PyTorch's kernel is measurably faster."""
     chosen = kernels.eager_choices(gm, lambda n: table.unsupported_reason(n) is None) if kernels else {}
-    support = _TableSupport(table, table.constant_fold_hazards(gm), chosen)
+    support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
     partitioner = CapabilityBasedPartitioner(
         gm,
         support,

@@ -33,11 +33,11 @@ class GraphBuilder:
         self.anchor = anchor
         self.fake_mode = detect_fake_mode([anchor.meta.get("val")])
 
-    def call(self, target: Any, *args: Any) -> torch.fx.Node:
-        node = self.graph.call_function(target, args)
-        fake_args = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
+    def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = self.graph.call_function(target, args, kwargs)
+        fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
         with self.fake_mode:
-            node.meta["val"] = target(*fake_args)
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
         node.meta["stack_trace"] = self.anchor.meta.get("stack_trace") or ""
         return node
 
