@@ -192,6 +192,8 @@ FLOAT32_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
+    # triangular solves unroll into substitution steps (passes/decompositions.py).
+    'linalg.solve_triangular',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
     '__rsub__', '_chunk_cat', '_native_batch_norm_legit', '_softmax_backward_data',
     '_unsafe_masked_index', '_unsafe_masked_index_put_accumulate', 'abs', 'acos', 'acosh',

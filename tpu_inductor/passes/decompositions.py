@@ -85,9 +85,15 @@ def _conv1d_backward_as_2d(
 
     torch-mlir lowers the 2-d backward but not the 1-d one; a ``[N, C, W]``
     convolution is exactly a ``[N, C, 1, W]`` one with a ``1 x k`` kernel.
+    Grouped ones (depthwise, as in Mamba's and gated delta nets' short
+    convolutions) it rejects in either form: see :func:`_grouped_conv1d_backward`.
     """
     if input.dim() != 3:
         return NotImplemented
+    if groups > 1 and not transposed:
+        return _grouped_conv1d_backward(
+            grad_output, input, weight, stride[0], padding[0], dilation[0], groups, output_mask
+        )
     grad_input, grad_weight, grad_bias = aten.convolution_backward.default(
         grad_output.unsqueeze(2), input.unsqueeze(2), weight.unsqueeze(2), bias_sizes,
         [1, *stride], [0, *padding], [1, *dilation], transposed, [0, *output_padding],
@@ -98,6 +104,37 @@ def _conv1d_backward_as_2d(
         None if grad_weight is None else grad_weight.squeeze(2),
         grad_bias,
     )
+
+
+def _grouped_conv1d_backward(grad_output, input, weight, stride, padding, dilation, groups, output_mask):
+    """Gradients of a grouped 1-d convolution as a transposed convolution and a contraction.
+
+    The input gradient is the transposed convolution of ``grad_output`` with
+    the same weight (output padding restores the input length). The weight
+    gradient sums, over batch and positions, ``grad_output[n, o, t] *
+    x[n, i, t * stride + k * dilation]`` within each group: the input's
+    windows gathered by position, then one einsum.
+    """
+    batch, in_channels, length = input.shape
+    out_channels, group_in, kernel = weight.shape
+    out_length = grad_output.shape[-1]
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        natural = (out_length - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1
+        grad_input = aten.convolution.default(
+            grad_output, weight, None, [stride], [padding], [dilation], True, [length - natural], groups
+        )
+    if output_mask[1]:
+        padded = torch.nn.functional.pad(input, (padding, padding))
+        starts = torch.arange(out_length, device=input.device) * stride
+        taps = torch.arange(kernel, device=input.device) * dilation
+        windows = padded.index_select(2, (starts.unsqueeze(1) + taps).flatten())
+        windows = windows.view(batch, groups, group_in, out_length, kernel)
+        per_group = grad_output.view(batch, groups, out_channels // groups, out_length)
+        grad_weight = torch.einsum("ngot,ngitk->goik", per_group, windows).reshape(out_channels, group_in, kernel)
+    if output_mask[2]:
+        grad_bias = grad_output.sum((0, 2))
+    return grad_input, grad_weight, grad_bias
 
 
 def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -140,6 +177,41 @@ def _integer_reciprocal(x):
     if x.is_floating_point() or x.is_complex():
         return NotImplemented
     return aten.reciprocal.default(x.to(torch.get_default_dtype()))
+
+
+# Substitution unrolls one step per row: beyond this the graph grows too large.
+_MAX_TRIANGULAR_ROWS = 256
+
+
+def _solve_triangular_by_substitution(a, b, *, upper: bool, left: bool = True, unitriangular: bool = False):
+    """``linalg.solve_triangular`` as forward (or back) substitution, one row at a time.
+
+    torch-mlir has no lowering for it, and the chunked gated-delta-rule
+    attention (Qwen3-Next, Qwen3.5, OLMo-Hybrid, MiniCPM-V...) solves a
+    unit-lower-triangular 64 x 64 system per chunk. Row ``i`` of ``X`` is
+    ``(B[i] - A[i, known] @ X[known]) / A[i, i]``: the order LAPACK's
+    unblocked ``trsm`` uses, unrolled at trace time into matmuls and
+    concatenations that lower. ``X A = B`` is solved as ``A^T X^T = B^T``.
+    """
+    if not left:
+        return _solve_triangular_by_substitution(
+            a.mT, b.mT, upper=not upper, left=True, unitriangular=unitriangular
+        ).mT
+    rows = a.shape[-1]
+    if not isinstance(rows, int) or rows > _MAX_TRIANGULAR_ROWS:
+        return NotImplemented
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = a.expand(*batch, rows, rows)
+    b = b.expand(*batch, rows, b.shape[-1])
+    solved = b[..., :0, :]  # the rows found so far, in row order
+    for step in range(rows):
+        i = rows - 1 - step if upper else step
+        known = a[..., i : i + 1, i + 1 :] if upper else a[..., i : i + 1, :i]
+        row = b[..., i : i + 1, :] - known @ solved if step else b[..., i : i + 1, :]
+        if not unitriangular:
+            row = row / a[..., i : i + 1, i : i + 1]
+        solved = torch.cat([row, solved] if upper else [solved, row], dim=-2)
+    return solved
 
 
 def _unfold_by_gather(x, dimension: int, size: int, step: int):
@@ -237,6 +309,7 @@ _OURS: dict = {
     aten.diagonal.default: _diagonal_by_gather,
     aten.unfold.default: _unfold_by_gather,
     aten.reciprocal.default: _integer_reciprocal,
+    aten.linalg_solve_triangular.default: _solve_triangular_by_substitution,
     aten.topk.default: _topk_sorted,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
