@@ -124,7 +124,7 @@ def test_failed_lowering_is_learned_and_remembered(tmp_path):
     # Without our decomposition, torch-mlir fails on the Scalar shift overload.
     table = decompositions._OURS
     saved = table.pop(torch.ops.aten.__lshift__.Scalar)
-    decompositions.decomposition_table.cache_clear()
+    decompositions._table.cache_clear()
     try:
         options = {"cache": True, "cache_dir": str(tmp_path)}
         torch.testing.assert_close(compiled(shifts, **options)(a), shifts(a))
@@ -139,7 +139,7 @@ def test_failed_lowering_is_learned_and_remembered(tmp_path):
         assert report.current().graphs[-1].lowering_retries == 0
     finally:
         table[torch.ops.aten.__lshift__.Scalar] = saved
-        decompositions.decomposition_table.cache_clear()
+        decompositions._table.cache_clear()
 
 
 def test_out_of_memory_is_learned_for_this_process_only(tmp_path):
