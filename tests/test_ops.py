@@ -192,6 +192,8 @@ FLOAT32_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
+    # cumulative extremes are masked prefix reductions (passes/decompositions.py).
+    'cummax', 'cummin',
     # triangular solves unroll into substitution steps (passes/decompositions.py).
     'linalg.solve_triangular',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
@@ -284,6 +286,8 @@ INT64_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
+    # cumulative extremes are masked prefix reductions (passes/decompositions.py).
+    'cummax', 'cummin',
     # integer reciprocal is computed in the default float (passes/decompositions.py).
     'reciprocal', '__rdiv__',
     'H', 'T', '__getitem__', '__radd__', '__rand__', '__rmatmul__', '__rmul__', '__ror__',
@@ -343,6 +347,8 @@ BFLOAT16_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
+    # cumulative extremes are masked prefix reductions (passes/decompositions.py).
+    'cummax', 'cummin',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
     '__rsub__', '_chunk_cat', '_native_batch_norm_legit', '_softmax_backward_data',
     '_unsafe_masked_index', '_unsafe_masked_index_put_accumulate', 'abs', 'acos', 'acosh',

@@ -214,6 +214,45 @@ def _solve_triangular_by_substitution(a, b, *, upper: bool, left: bool = True, u
     return solved
 
 
+# A cumulative extreme compares every pair of positions: n^2 elements per row.
+_MAX_CUMULATIVE_EXTREME_LENGTH = 2048
+
+
+def _cumulative_extreme(largest: bool):
+    """``cummax`` / ``cummin`` as a masked reduction over every prefix.
+
+    torch-mlir has no lowering for either (Grounding DINO uses both). Value
+    ``i`` is the extreme of positions ``j <= i`` (NaN once one is seen, as
+    eager); its index is the last such ``j`` holding that value, eager's
+    choice among ties. Costs ``n^2`` per row, so long dims stay eager.
+    """
+
+    def decomposition(x, dim: int):
+        if x.dim() == 0:
+            return NotImplemented
+        dim = dim % x.dim()
+        length = x.shape[dim]
+        if not isinstance(length, int) or length > _MAX_CUMULATIVE_EXTREME_LENGTH or x.dtype == torch.bool:
+            return NotImplemented
+        moved = x.movedim(dim, -1)
+        positions = torch.arange(length, device=x.device)
+        in_prefix = positions.unsqueeze(0) <= positions.unsqueeze(1)  # [i, j]: j <= i
+        if x.is_floating_point():
+            neutral = float("-inf") if largest else float("inf")
+        else:
+            info = torch.iinfo(x.dtype)
+            neutral = info.min if largest else info.max
+        candidates = torch.where(in_prefix, moved.unsqueeze(-2), neutral)  # [..., i, j]
+        values = candidates.amax(-1) if largest else candidates.amin(-1)
+        same = moved.unsqueeze(-2) == values.unsqueeze(-1)
+        if x.is_floating_point():
+            same = same | (moved.unsqueeze(-2).isnan() & values.unsqueeze(-1).isnan())
+        indices = torch.where(in_prefix & same, positions, -1).amax(-1)
+        return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+    return decomposition
+
+
 def _unfold_by_gather(x, dimension: int, size: int, step: int):
     """``unfold`` (sliding windows) as an ``index_select`` of window positions.
 
@@ -310,6 +349,8 @@ _OURS: dict = {
     aten.unfold.default: _unfold_by_gather,
     aten.reciprocal.default: _integer_reciprocal,
     aten.linalg_solve_triangular.default: _solve_triangular_by_substitution,
+    aten.cummax.default: _cumulative_extreme(largest=True),
+    aten.cummin.default: _cumulative_extreme(largest=False),
     aten.topk.default: _topk_sorted,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
