@@ -2,8 +2,9 @@
 
 Why: one op that cannot lower must not fail the model, and every PJRT call
 costs a dispatch, so lowerable nodes are grouped into as few islands as
-data dependencies allow: one per eager depth (the most eager nodes on a path
-before a node), independent nodes on both sides of an eager node merged.
+data dependencies allow: one per eager depth (how many times a path to a
+node leaves the device for eager), independent nodes on both sides of an
+eager node merged.
 This is the only place that decides lowered vs eager; the decision per node
 comes from :class:`~tpu_inductor.lowering.SupportTable`.
 
