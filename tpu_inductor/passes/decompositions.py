@@ -126,15 +126,20 @@ def _grouped_conv1d_backward(grad_output, input, weight, stride, padding, dilati
         )
     if output_mask[1]:
         padded = torch.nn.functional.pad(input, (padding, padding))
-        starts = torch.arange(out_length, device=input.device) * stride
-        taps = torch.arange(kernel, device=input.device) * dilation
-        windows = padded.index_select(2, (starts.unsqueeze(1) + taps).flatten())
+        windows = padded.index_select(2, _window_positions(out_length, stride, kernel, dilation, input.device))
         windows = windows.view(batch, groups, group_in, out_length, kernel)
         per_group = grad_output.view(batch, groups, out_channels // groups, out_length)
         grad_weight = torch.einsum("ngot,ngitk->goik", per_group, windows).reshape(out_channels, group_in, kernel)
     if output_mask[2]:
         grad_bias = grad_output.sum((0, 2))
     return grad_input, grad_weight, grad_bias
+
+
+def _window_positions(windows: int, step: int, taps: int, spacing: int, device) -> torch.Tensor:
+    """Positions ``w * step + k * spacing`` of sliding windows, window-major, flattened."""
+    starts = torch.arange(windows, device=device) * step
+    offsets = torch.arange(taps, device=device) * spacing
+    return (starts.unsqueeze(1) + offsets).flatten()
 
 
 def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -266,8 +271,7 @@ def _unfold_by_gather(x, dimension: int, size: int, step: int):
         return NotImplemented
     dim = dimension % x.dim()
     windows = (x.shape[dim] - size) // step + 1
-    starts = torch.arange(windows, device=x.device) * step
-    positions = (starts.unsqueeze(1) + torch.arange(size, device=x.device)).flatten()
+    positions = _window_positions(windows, step, size, 1, x.device)
     return x.index_select(dim, positions).unflatten(dim, (windows, size)).movedim(dim + 1, -1)
 
 
