@@ -27,7 +27,7 @@ from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
-from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
@@ -190,9 +190,10 @@ def build_compiled_graph(
             if isinstance(n.meta.get("val"), torch.Tensor)
         ],
     )
+    chosen = choose_eager_kernels(gm, context.kernels, lambda n: context.support.unsupported_reason(n) is None)
     # Each failed attempt moves at least one node to eager, so this terminates.
     for _ in range(len(gm.graph.nodes) + 1):
-        plan = propose_islands(gm, context.support, context.kernels)
+        plan = propose_islands(gm, context.support, chosen)
         failure = _compile_islands(plan, context, record)
         if failure is None:
             break

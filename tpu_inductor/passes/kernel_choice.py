@@ -9,6 +9,9 @@ so each candidate signature (op, input shapes and dtypes, arguments) is timed
 once both ways on random inputs, and the decision is kept beside the cache so
 that later compiles and processes choose the same way.
 
+A 2-D convolution chosen for eager runs channels-last, and the pointwise
+ops around it follow (passes/channels_last.py); it is timed that way.
+
 Only where torch and the device share memory (the CPU client): elsewhere an
 eager op means a round trip between host and device. Option
 ``eager_kernels`` turns it off. Chosen nodes are reported as choices, not
@@ -31,6 +34,12 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
+from tpu_inductor.passes.channels_last import (
+    TO_CHANNELS_LAST,
+    convolution_channels_last,
+    run_channels_last,
+    runs_channels_last,
+)
 from tpu_inductor.runtime.disk_cache import PersistedDict
 from tpu_inductor.runtime.executable import versions_digest
 
@@ -103,20 +112,37 @@ class KernelChooser:
         return choices
 
     def _measure(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[float, float]:
-        probe, _, _ = fuse_as_graphmodule(gm, [node], "kernel_probe", always_return_tuple=True)
+        probe, probe_inputs, _ = fuse_as_graphmodule(gm, [node], "kernel_probe", always_return_tuple=True)
         generator = torch.Generator().manual_seed(0)
         # Compilers run under the tracing fake mode: these must be real tensors.
         with unset_fake_temporarily(), torch.no_grad():
-            inputs = [
-                torch.randn(p.meta["val"].shape, generator=generator).to(p.meta["val"].dtype)
-                for p in probe.graph.find_nodes(op="placeholder")
-            ]
-            eager_s = _median_seconds(lambda: probe(*inputs))
+            values = {
+                arg: torch.randn(arg.meta["val"].shape, generator=generator).to(arg.meta["val"].dtype)
+                for arg in probe_inputs
+            }
+            inputs = [values[arg] for arg in probe_inputs]
+            if runs_channels_last(node):
+                # Timed the way it would run: on an input the island already laid out.
+                args = [values[a] if isinstance(a, torch.fx.Node) else a for a in node.args]
+                args[0] = args[0].permute(TO_CHANNELS_LAST).contiguous()
+                eager_s = _median_seconds(lambda: convolution_channels_last(*args))
+            else:
+                eager_s = _median_seconds(lambda: probe(*inputs))
             xla_s = self._time_xla(probe, inputs)
         log.info(
             "tpu_inductor: %s: eager %.3f ms, XLA %.3f ms", _signature(node), eager_s * 1e3, xla_s * 1e3
         )
         return eager_s, xla_s
+
+
+def choose_eager_kernels(
+    gm: torch.fx.GraphModule, chooser: Optional[KernelChooser], lowers: Callable[[torch.fx.Node], bool]
+) -> dict[torch.fx.Node, str]:
+    """Node -> reason for the ops that run on PyTorch's kernel; rewrites ``gm``
+    so that the chosen 2-D convolutions run channels-last."""
+    if chooser is None:
+        return {}
+    return run_channels_last(gm, chooser.eager_choices(gm, lowers))
 
 
 def _signature(node: torch.fx.Node) -> Optional[str]:

@@ -38,7 +38,6 @@ from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
 
 if TYPE_CHECKING:
     from tpu_inductor import report
-    from tpu_inductor.passes.kernel_choice import KernelChooser
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +146,12 @@ class PartitionPlan:
 
 
 def propose_islands(
-    gm: torch.fx.GraphModule, table: SupportTable, kernels: Optional["KernelChooser"] = None
+    gm: torch.fx.GraphModule, table: SupportTable, chosen: Mapping[torch.fx.Node, str] = {}
 ) -> PartitionPlan:
     """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched.
 
-    ``kernels`` (passes/kernel_choice.py) may keep lowerable nodes in eager
-    where PyTorch's kernel is measurably faster."""
-    chosen = kernels.eager_choices(gm, lambda n: table.unsupported_reason(n) is None) if kernels else {}
+    ``chosen`` (passes/kernel_choice.py) are nodes kept in eager, with why,
+    because PyTorch's kernel is measurably faster."""
     support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
     partitions: list[Partition] = [
         p for p in _partitions_by_eager_depth(gm, support) if any(_worth_a_device_call(n) for n in p.nodes)
@@ -275,7 +273,7 @@ def settle_eager(plan: PartitionPlan, strict: bool, record: "report.GraphRecord"
     """Accept the compute ops left to eager: record each as a fallback, or,
     under ``strict``, refuse them all in one error naming each op and line."""
     from tpu_inductor import report
-    from tpu_inductor.errors import UnsupportedOpError, describe_node, user_source_line
+    from tpu_inductor.errors import UnsupportedOpError, describe_node, op_name, user_source_line
 
     if strict and plan.eager:
         lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
@@ -285,10 +283,10 @@ def settle_eager(plan: PartitionPlan, strict: bool, record: "report.GraphRecord"
         )
     for eager in plan.eager:
         record.fallbacks.append(
-            report.FallbackRecord(str(eager.node.target), eager.reason, user_source_line(eager.node))
+            report.FallbackRecord(op_name(eager.node), eager.reason, user_source_line(eager.node))
         )
         log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
     for choice in plan.chosen:
         record.eager_kernels.append(
-            report.FallbackRecord(str(choice.node.target), choice.reason, user_source_line(choice.node))
+            report.FallbackRecord(op_name(choice.node), choice.reason, user_source_line(choice.node))
         )

@@ -1,0 +1,214 @@
+"""Run eager 2-D convolutions channels-last, and keep their neighbours in that layout.
+
+Why: a convolution chosen for PyTorch's kernel (passes/kernel_choice.py) runs
+on oneDNN, which reorders an NCHW input to its NHWC form on every call. On
+the CNN of ``benchmarks/perf.py`` (one thread) that reorder cost more than
+the convolution itself for the stem (2.2 ms NCHW vs 0.33 ms NHWC) and doubled
+the 32-channel 3x3 (6.0 vs 2.7 ms). Handing oneDNN an [N, H, W, C] tensor
+removes it, but then every island between two convolutions would transpose
+its input back to NCHW and its output to NHWC again: XLA's CPU transposes
+cost as much as the convolutions saved. So the layout is propagated: the
+pointwise ops after a convolution (BatchNorm's affine, ReLU, residual adds)
+are computed on the [N, H, W, C] tensors, and NCHW is materialised only
+where something that is not pointwise reads the value (a pooling, a graph
+output).
+
+Before::
+
+    y = convolution(x, w1, ...); z = relu(y * scale + shift)
+    out = convolution(z, w2, ...)
+
+After::
+
+    y_nhwc = convolution_channels_last(permute(x, [0, 2, 3, 1]), w1, ...)     # eager
+    z_nhwc = relu(y_nhwc * permute(scale_4d, [0, 2, 3, 1]) + ...)            # island
+    out_nhwc = convolution_channels_last(z_nhwc, w2, ...)                       # eager
+    out = clone(permute(out_nhwc, [0, 3, 1, 2]), contiguous)                    # island
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+TO_CHANNELS_LAST = (0, 2, 3, 1)
+FROM_CHANNELS_LAST = (0, 3, 1, 2)
+
+_VALUE_META = frozenset({"val", "tensor_meta", "example_value"})
+"""Node meta that describes the node's value, not where it came from."""
+
+
+def convolution_channels_last(input: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
+    """``aten.convolution`` (same arguments after the input) of an input stored
+    [N, H, W, C]; the result comes back stored [N, H', W', C'].
+
+    Permuted back, the input is an NCHW tensor with channels-last strides:
+    oneDNN then runs its NHWC kernel with no reorder of the activations, and
+    its output is channels-last, so the result's permute is a view."""
+    output = aten.convolution.default(input.contiguous().permute(FROM_CHANNELS_LAST), weight, *args)
+    return output.permute(TO_CHANNELS_LAST)
+
+
+def runs_channels_last(node: torch.fx.Node) -> bool:
+    """A 2-D convolution: the one rank oneDNN's channels-last format covers here."""
+    return node.target is aten.convolution.default and node.meta["val"].dim() == 4
+
+
+def run_channels_last(gm: torch.fx.GraphModule, chosen: dict[torch.fx.Node, str]) -> dict[torch.fx.Node, str]:
+    """Rewrite the chosen 2-D convolutions to take and give [N, H, W, C]
+    tensors and propagate that layout through the pointwise ops around them.
+    Returns the choices keyed by the nodes that now run in eager."""
+    result: dict[torch.fx.Node, str] = {}
+    nhwc: dict[torch.fx.Node, torch.fx.Node] = {}  # NCHW value -> the same value stored NHWC
+    conv_inputs: dict[torch.fx.Node, torch.fx.Node] = {}  # one transpose per convolution input
+    for node, reason in chosen.items():
+        if not runs_channels_last(node):
+            result[node] = reason
+            continue
+        conv = _rewrite_convolution(gm.graph, node, nhwc, conv_inputs)
+        result[conv] = f"{reason}; channels-last"
+    if nhwc:
+        _propagate(gm.graph, nhwc)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return result
+
+
+def _rewrite_convolution(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    nhwc: dict[torch.fx.Node, torch.fx.Node],
+    conv_inputs: dict[torch.fx.Node, torch.fx.Node],
+) -> torch.fx.Node:
+    """``y = convolution(x, ...)`` -> ``y = clone(permute(convolution_channels_last(x_nhwc, ...)))``;
+    the clone gives ``y`` eager's NCHW storage where it is materialised in
+    eager (strided reads such as as_strided, graph outputs rely on it)."""
+    source, *rest = node.args
+    with graph.inserting_before(node):
+        source_nhwc = nhwc.get(source) or conv_inputs.get(source)
+        if source_nhwc is None:
+            # Replaced by the producer's NHWC twin if _propagate finds one.
+            source_nhwc = conv_inputs[source] = _add_node(
+                graph, source, aten.permute.default, (source, list(TO_CHANNELS_LAST))
+            )
+        conv = _add_node(graph, node, convolution_channels_last, (source_nhwc, *rest))
+        output = _nchw_of(graph, conv, node)
+    node.replace_all_uses_with(output)
+    graph.erase_node(node)
+    nhwc[output] = conv
+    return conv
+
+
+def _propagate(graph: torch.fx.Graph, nhwc: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """Compute every pointwise op that reads an NHWC-available value on the
+    NHWC values, in graph order; the NCHW originals die unless something
+    else reads them, and then read one permute of the NHWC result."""
+    for node in list(graph.nodes):
+        if node in nhwc or not _is_layout_free(node):
+            continue
+        tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+        if not any(a in nhwc for a in tensor_inputs):
+            continue
+        shape = node.meta["val"].shape
+        if any(a not in nhwc and not _broadcasts_per_channel(a, shape) for a in tensor_inputs):
+            continue
+        with graph.inserting_before(node):
+            args = torch.fx.node.map_arg(node.args, lambda a: _nhwc_of(graph, a, nhwc))
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: _nhwc_of(graph, a, nhwc))
+            twin = _add_node(graph, node, node.target, args, kwargs)
+        nhwc[node] = twin
+    for value, twin in list(nhwc.items()):
+        _read_nhwc_where_possible(graph, value, twin, nhwc)
+
+
+def _read_nhwc_where_possible(
+    graph: torch.fx.Graph, value: torch.fx.Node, twin: torch.fx.Node, nhwc: dict[torch.fx.Node, torch.fx.Node]
+) -> None:
+    """Point ``value``'s remaining readers at ``twin``: a permute to NHWC is
+    the twin itself; anything else reads one NCHW copy of it."""
+    # A convolution's own output is already the NCHW copy of its twin.
+    nchw: Optional[torch.fx.Node] = value if _is_nchw_copy_of(value, twin) else None
+    for user in list(value.users):
+        if user in nhwc:
+            continue  # computed on the twin instead: dead once its readers move
+        if user.target is aten.permute.default and tuple(user.args[1]) == TO_CHANNELS_LAST:
+            user.replace_all_uses_with(twin)
+            continue
+        if nchw is None:
+            with graph.inserting_before(twin.next):  # a fixed anchor keeps the new nodes in order
+                nchw = _nchw_of(graph, twin, value)
+        if nchw is not value:
+            user.replace_input_with(value, nchw)
+
+
+def _is_nchw_copy_of(value: torch.fx.Node, twin: torch.fx.Node) -> bool:
+    return (
+        value.target is aten.clone.default
+        and value.args[0].target is aten.permute.default
+        and value.args[0].args[0] is twin
+    )
+
+
+def _is_layout_free(node: torch.fx.Node) -> bool:
+    """Pointwise ops compute each element from the same element of their
+    inputs, whatever the order of the elements in memory; seeded random ops
+    would draw their numbers in a different order."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    tags = node.target.tags
+    value = node.meta.get("val")
+    return (
+        torch.Tag.pointwise in tags
+        and torch.Tag.nondeterministic_seeded not in tags
+        and isinstance(value, torch.Tensor)
+        and value.dim() == 4
+    )
+
+
+def _broadcasts_per_channel(node: torch.fx.Node, shape: torch.Size) -> bool:
+    """A value that varies at most along the channel dim of a 4-D NCHW result
+    (a scalar, a [C, 1, 1] BatchNorm scale): its NHWC form is a reshape."""
+    value_shape = node.meta["val"].shape
+    if len(value_shape) > 4:
+        return False
+    padded = (1,) * (4 - len(value_shape)) + tuple(value_shape)
+    return padded[0] == 1 and padded[2] == 1 and padded[3] == 1
+
+
+def _nhwc_of(graph: torch.fx.Graph, arg: object, nhwc: dict[torch.fx.Node, torch.fx.Node]) -> object:
+    """An argument of a pointwise op computed NHWC: its twin, or, for a
+    per-channel value, the same values in NHWC broadcasting position."""
+    if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.Tensor):
+        return arg
+    if arg in nhwc:
+        return nhwc[arg]
+    value = arg
+    while value.meta["val"].dim() < 4:
+        value = _add_node(graph, arg, aten.unsqueeze.default, (value, 0))
+    return _add_node(graph, arg, aten.permute.default, (value, list(TO_CHANNELS_LAST)))
+
+
+def _nchw_of(graph: torch.fx.Graph, twin: torch.fx.Node, like: torch.fx.Node) -> torch.fx.Node:
+    permuted = _add_node(graph, like, aten.permute.default, (twin, list(FROM_CHANNELS_LAST)))
+    return _add_node(graph, like, aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format})
+
+
+def _add_node(
+    graph: torch.fx.Graph,
+    provenance: torch.fx.Node,
+    target: object,
+    args: tuple,
+    kwargs: Optional[dict] = None,
+) -> torch.fx.Node:
+    """A new node with its fake value, carrying ``provenance``'s source line
+    and stack so reports still name the user's code."""
+    kwargs = kwargs or {}
+    node = graph.call_function(target, args, kwargs)
+    node.meta.update({k: v for k, v in provenance.meta.items() if k not in _VALUE_META})
+    fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
+    node.meta["val"] = target(*fake_args, **fake_kwargs)
+    return node
