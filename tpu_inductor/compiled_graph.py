@@ -227,7 +227,9 @@ def _compile_islands(
     for island in plan.islands:
         try:
             # Both levels of the disk cache: ATen graph -> StableHLO -> executable.
-            lowered, lower_stats = lower_cached(island.graph, context.disk_cache, name="main")
+            lowered, lower_stats = lower_cached(
+                island.graph, context.disk_cache, name="main", for_cpu=context.platform.name == "cpu"
+            )
             loaded, stats = compile_stablehlo(
                 lowered.module,
                 context.platform,

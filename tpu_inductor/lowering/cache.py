@@ -114,7 +114,7 @@ def fingerprint(gm: torch.fx.GraphModule) -> str:
     return digest.hexdigest()
 
 
-def graph_key(gm: torch.fx.GraphModule, name: str = "main") -> Optional[CacheKey]:
+def graph_key(gm: torch.fx.GraphModule, name: str = "main", for_cpu: bool = False) -> Optional[CacheKey]:
     """The graph-level key of ``gm``, or None when it cannot be fingerprinted exactly."""
     try:
         digest = fingerprint(gm)
@@ -126,17 +126,17 @@ def graph_key(gm: torch.fx.GraphModule, name: str = "main") -> Optional[CacheKey
         return None
     input_avals = [aval_of(n.meta.get("val")) for n in gm.graph.find_nodes(op="placeholder")]
     return CacheKey(
-        identity={"aten_graph_sha256": digest, "input_avals": input_avals, "function": name},
+        identity={"aten_graph_sha256": digest, "input_avals": input_avals, "function": name, "for_cpu": for_cpu},
         environment={"versions": key_versions()},
     )
 
 
 def lower_cached(
-    gm: torch.fx.GraphModule, disk_cache: Optional[DiskCache], name: str = "main"
+    gm: torch.fx.GraphModule, disk_cache: Optional[DiskCache], name: str = "main", *, for_cpu: bool = False
 ) -> tuple[LoweredModule, LowerStats]:
-    """StableHLO for ``gm``: from the graph cache, or lowered now and stored."""
+    """StableHLO for ``gm`` (see :func:`lower_to_stablehlo`): from the graph cache, or lowered now and stored."""
     started = time.perf_counter()
-    key = graph_key(gm, name) if disk_cache is not None else None
+    key = graph_key(gm, name, for_cpu) if disk_cache is not None else None
     if key is not None:
         lookup = disk_cache.load("graphs", key, lambda files: files[MODULE_FILE])
         record_cache_event("graph", key.digest, lookup)
@@ -144,7 +144,7 @@ def lower_cached(
             input_specs, output_specs = graph_specs(gm)
             lowered = LoweredModule(lookup.value, input_specs, output_specs)
             return lowered, LowerStats("disk", time.perf_counter() - started, key.digest)
-    lowered = lower_to_stablehlo(gm, name=name)
+    lowered = lower_to_stablehlo(gm, name=name, for_cpu=for_cpu)
     seconds = time.perf_counter() - started
     if key is not None:
         disk_cache.store(

@@ -20,6 +20,7 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.lowering.compare_types import fix_unsigned_compares
+from tpu_inductor.lowering.cpu_dot_operands import materialize_transposed_lhs
 from tpu_inductor.runtime.executable import TensorSpec
 
 _TORCH_TO_BACKEND = (
@@ -99,8 +100,9 @@ def graph_specs(gm: torch.fx.GraphModule) -> tuple[list[TensorSpec], list[Tensor
     return inputs, [_tensor_spec(node.meta.get("val")) for node in outputs]
 
 
-def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredModule:
-    """StableHLO bytecode for ``gm``, whose placeholders and outputs are tensors."""
+def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main", *, for_cpu: bool = False) -> LoweredModule:
+    """StableHLO bytecode for ``gm``, whose placeholders and outputs are tensors;
+    ``for_cpu`` adds the operand layouts XLA:CPU's matmuls want (cpu_dot_operands.py)."""
     with report.stage("torch-mlir"):  # the first import of torch-mlir is its cost too
         from torch_mlir import fx as torch_mlir_fx
 
@@ -108,6 +110,8 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main") -> LoweredM
         _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR")
         _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
         fix_unsigned_compares(module)
+        if for_cpu:
+            materialize_transposed_lhs(module)
         input_specs, output_specs = graph_specs(gm)
         bytecode = io.BytesIO()
         module.operation.write_bytecode(bytecode)
