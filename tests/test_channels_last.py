@@ -38,12 +38,13 @@ def _inputs():
 
 
 def _activation_transposes(gm: torch.fx.GraphModule) -> list[tuple[int, ...]]:
-    """The permutes that move a whole activation between NCHW and NHWC (not a
-    per-channel [1, C, 1, 1] operand)."""
+    """The permutes that move a whole activation between NCHW and NHWC (not an
+    operand constant over space, such as a [1, C, 1, 1] scale)."""
     found = []
     for node in gm.graph.find_nodes(op="call_function", target=aten.permute.default):
         source = node.args[0].meta["val"]
-        if source.dim() == 4 and source.numel() > max(source.shape):
+        spatial = source.shape[1:3] if tuple(node.args[1]) == FROM_CHANNELS_LAST else source.shape[2:]
+        if source.dim() == 4 and spatial.numel() > 1:
             found.append(tuple(node.args[1]))
     return found
 
@@ -67,6 +68,21 @@ def test_pointwise_ops_between_convolutions_stay_channels_last():
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e)
     assert actual[1].is_contiguous()  # eager's NCHW storage for a graph output
+
+
+def test_per_sample_gates_follow_the_layout():
+    """A squeeze-excitation gate ([N, C, 1, 1], one per sample and channel) is
+    constant over space, so the gated product stays NHWC too."""
+
+    def gated(x, w, gate):
+        return F.conv2d(F.conv2d(x, w, padding=1) * gate, w, padding=1)
+
+    inputs = (torch.randn(2, 8, 6, 6), torch.randn(8, 8, 3, 3), torch.rand(2, 8, 1, 1))
+    gm = make_fx(gated, tracing_mode="fake")(*inputs)
+    convolutions = list(gm.graph.find_nodes(op="call_function", target=aten.convolution.default))
+    run_channels_last(gm, {node: "faster" for node in convolutions})
+    assert sorted(_activation_transposes(gm)) == sorted([TO_CHANNELS_LAST, FROM_CHANNELS_LAST])
+    torch.testing.assert_close(gm(*inputs), gated(*inputs))
 
 
 def test_convolutions_of_other_ranks_are_left_alone():

@@ -1,17 +1,18 @@
 """Run eager 2-D convolutions channels-last, and keep their neighbours in that layout.
 
 Why: a convolution chosen for PyTorch's kernel (passes/kernel_choice.py) runs
-on oneDNN, which reorders an NCHW input to its NHWC form on every call. On
-the CNN of ``benchmarks/perf.py`` (one thread) that reorder cost more than
-the convolution itself for the stem (2.2 ms NCHW vs 0.33 ms NHWC) and doubled
-the 32-channel 3x3 (6.0 vs 2.7 ms). Handing oneDNN an [N, H, W, C] tensor
-removes it, but then every island between two convolutions would transpose
-its input back to NCHW and its output to NHWC again: XLA's CPU transposes
-cost as much as the convolutions saved. So the layout is propagated: the
-pointwise ops after a convolution (BatchNorm's affine, ReLU, residual adds)
-are computed on the [N, H, W, C] tensors, and NCHW is materialised only
-where something that is not pointwise reads the value (a pooling, a graph
-output).
+on oneDNN, which reorders an NCHW input to its NHWC form on every call, into
+a buffer it allocates per call. On the CNN of ``benchmarks/perf.py`` (one
+thread) the NHWC kernels were faster by themselves (stem 0.42 -> 0.34 ms,
+1x1 stride-2 0.34 -> 0.21 ms, 32-channel 3x3 2.9 -> 2.65 ms, allocator tuned
+so no call page-faults), and with glibc's defaults the per-call reorder
+buffers page-fault (stem 2.2 ms NCHW). Handing oneDNN [N, H, W, C] tensors
+removes the reorder, but then every island between two convolutions would
+transpose its input to NCHW and its output back, and XLA's CPU transposes
+cost about what was saved. So the layout is propagated: the pointwise ops
+after a convolution (BatchNorm's affine, ReLU, residual adds) are computed
+on the [N, H, W, C] tensors, and NCHW is materialised only where something
+that is not pointwise reads the value (a pooling, a graph output).
 
 Before::
 
@@ -113,8 +114,7 @@ def _propagate(graph: torch.fx.Graph, nhwc: dict[torch.fx.Node, torch.fx.Node]) 
         tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
         if not any(a in nhwc for a in tensor_inputs):
             continue
-        shape = node.meta["val"].shape
-        if any(a not in nhwc and not _broadcasts_per_channel(a, shape) for a in tensor_inputs):
+        if any(a not in nhwc and not _broadcasts_over_space(a) for a in tensor_inputs):
             continue
         with graph.inserting_before(node):
             args = torch.fx.node.map_arg(node.args, lambda a: _nhwc_of(graph, a, nhwc))
@@ -169,19 +169,20 @@ def _is_layout_free(node: torch.fx.Node) -> bool:
     )
 
 
-def _broadcasts_per_channel(node: torch.fx.Node, shape: torch.Size) -> bool:
-    """A value that varies at most along the channel dim of a 4-D NCHW result
-    (a scalar, a [C, 1, 1] BatchNorm scale): its NHWC form is a reshape."""
-    value_shape = node.meta["val"].shape
-    if len(value_shape) > 4:
+def _broadcasts_over_space(node: torch.fx.Node) -> bool:
+    """A value constant over the height and width of a 4-D NCHW result (a
+    scalar, a [C, 1, 1] BatchNorm scale, an [N, C, 1, 1] squeeze-excitation
+    gate): a permute of it broadcasts the same way against NHWC."""
+    shape = node.meta["val"].shape
+    if len(shape) > 4:
         return False
-    padded = (1,) * (4 - len(value_shape)) + tuple(value_shape)
-    return padded[0] == 1 and padded[2] == 1 and padded[3] == 1
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    return padded[2] == 1 and padded[3] == 1
 
 
 def _nhwc_of(graph: torch.fx.Graph, arg: object, nhwc: dict[torch.fx.Node, torch.fx.Node]) -> object:
-    """An argument of a pointwise op computed NHWC: its twin, or, for a
-    per-channel value, the same values in NHWC broadcasting position."""
+    """An argument of a pointwise op computed NHWC: its twin, or, for a value
+    constant over space, the same values in NHWC broadcasting position."""
     if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.Tensor):
         return arg
     if arg in nhwc:
