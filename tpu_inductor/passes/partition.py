@@ -146,12 +146,13 @@ class PartitionPlan:
 
 
 def propose_islands(
-    gm: torch.fx.GraphModule, table: SupportTable, chosen: Mapping[torch.fx.Node, str] = {}
+    gm: torch.fx.GraphModule, table: SupportTable, chosen: Optional[Mapping[torch.fx.Node, str]] = None
 ) -> PartitionPlan:
     """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched.
 
     ``chosen`` (passes/kernel_choice.py) are nodes kept in eager, with why,
     because PyTorch's kernel is measurably faster."""
+    chosen = chosen or {}
     support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
     partitions: list[Partition] = [
         p for p in _partitions_by_eager_depth(gm, support) if any(_worth_a_device_call(n) for n in p.nodes)
