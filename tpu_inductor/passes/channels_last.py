@@ -34,14 +34,12 @@ from typing import Optional
 import torch
 import torch.fx
 
+from tpu_inductor.passes.rewrite import GraphBuilder
+
 aten = torch.ops.aten
 
 TO_CHANNELS_LAST = (0, 2, 3, 1)
 FROM_CHANNELS_LAST = (0, 3, 1, 2)
-
-_VALUE_META = frozenset({"val", "tensor_meta", "example_value"})
-"""Node meta that describes the node's value, not where it came from."""
-
 
 def convolution_channels_last(input: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     """``aten.convolution`` (same arguments after the input) of an input stored
@@ -93,10 +91,10 @@ def _rewrite_convolution(
         source_nhwc = nhwc.get(source) or conv_inputs.get(source)
         if source_nhwc is None:
             # Replaced by the producer's NHWC twin if _propagate finds one.
-            source_nhwc = conv_inputs[source] = _add_node(
-                graph, source, aten.permute.default, (source, list(TO_CHANNELS_LAST))
+            source_nhwc = conv_inputs[source] = GraphBuilder(graph, source).call(
+                aten.permute.default, source, list(TO_CHANNELS_LAST)
             )
-        conv = _add_node(graph, node, convolution_channels_last, (source_nhwc, *rest))
+        conv = GraphBuilder(graph, node).call(convolution_channels_last, source_nhwc, *rest)
         output = _nchw_of(graph, conv, node)
     node.replace_all_uses_with(output)
     graph.erase_node(node)
@@ -119,7 +117,7 @@ def _propagate(graph: torch.fx.Graph, nhwc: dict[torch.fx.Node, torch.fx.Node]) 
         with graph.inserting_before(node):
             args = torch.fx.node.map_arg(node.args, lambda a: _nhwc_of(graph, a, nhwc))
             kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: _nhwc_of(graph, a, nhwc))
-            twin = _add_node(graph, node, node.target, args, kwargs)
+            twin = GraphBuilder(graph, node).call(node.target, *args, **kwargs)
         nhwc[node] = twin
     for value, twin in list(nhwc.items()):
         _read_nhwc_where_possible(graph, value, twin, nhwc)
@@ -187,29 +185,14 @@ def _nhwc_of(graph: torch.fx.Graph, arg: object, nhwc: dict[torch.fx.Node, torch
         return arg
     if arg in nhwc:
         return nhwc[arg]
+    builder = GraphBuilder(graph, arg)
     value = arg
     while value.meta["val"].dim() < 4:
-        value = _add_node(graph, arg, aten.unsqueeze.default, (value, 0))
-    return _add_node(graph, arg, aten.permute.default, (value, list(TO_CHANNELS_LAST)))
+        value = builder.call(aten.unsqueeze.default, value, 0)
+    return builder.call(aten.permute.default, value, list(TO_CHANNELS_LAST))
 
 
 def _nchw_of(graph: torch.fx.Graph, twin: torch.fx.Node, like: torch.fx.Node) -> torch.fx.Node:
-    permuted = _add_node(graph, like, aten.permute.default, (twin, list(FROM_CHANNELS_LAST)))
-    return _add_node(graph, like, aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format})
-
-
-def _add_node(
-    graph: torch.fx.Graph,
-    provenance: torch.fx.Node,
-    target: object,
-    args: tuple,
-    kwargs: Optional[dict] = None,
-) -> torch.fx.Node:
-    """A new node with its fake value, carrying ``provenance``'s source line
-    and stack so reports still name the user's code."""
-    kwargs = kwargs or {}
-    node = graph.call_function(target, args, kwargs)
-    node.meta.update({k: v for k, v in provenance.meta.items() if k not in _VALUE_META})
-    fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-    node.meta["val"] = target(*fake_args, **fake_kwargs)
-    return node
+    builder = GraphBuilder(graph, like)
+    permuted = builder.call(aten.permute.default, twin, list(FROM_CHANNELS_LAST))
+    return builder.call(aten.clone.default, permuted, memory_format=torch.contiguous_format)
