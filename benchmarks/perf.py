@@ -26,6 +26,11 @@ Workloads (float32, fixed seeds, inference in eval mode under no_grad):
   average pool, Linear to 10; 32x32 images, batch 16. BatchNorm runs in eval mode;
   the JAX version applies it as the eval affine transform computed from the same
   running statistics on every call (not folded into the convolutions), as eager does;
+- ``cnn_frozen``: the same CNN with parameters frozen where each path offers
+  it: Inductor's ``freezing`` (constants, BatchNorm folded, weights prepacked),
+  tpu's ``freeze_parameters`` (parameter-only work kept while the parameters
+  are unchanged), JAX with the parameters closed over as constants; not part
+  of the bars, which compare default settings;
 - ``train``: the MLP's training step: forward, MSE loss, backward and an SGD
   step, the whole step function compiled (JAX: ``value_and_grad`` + SGD, params donated);
 - ``dynamic``: the MLP called once for each batch size 1..64 in a fixed random
@@ -145,7 +150,7 @@ OTHERS = ("eager", "inductor", "jax")  # what tpu is compared with
 COMPILED = ("inductor", "tpu", "jax")
 TORCH_PATHS = ("eager", "inductor", "tpu")
 LABELS = {"eager": "eager", "inductor": "Inductor", "tpu": "tpu", "jax": "jax.jit"}
-WORKLOADS = ("overhead", "mlp", "decoder", "cnn", "train", "dynamic")
+WORKLOADS = ("overhead", "mlp", "decoder", "cnn", "cnn_frozen", "train", "dynamic")
 STEADY = ("mlp", "decoder", "cnn")
 TPU_OPTIONS = {"cache": False}
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -425,6 +430,39 @@ def cnn_workload() -> Workload:
     )
 
 
+def cnn_frozen_workload() -> Workload:
+    model = _resnet()
+    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    params = to_jax(model)
+    inductor = torch.compile(model, backend="inductor")
+    frozen_inductor = _first_call_under(torch._inductor.config.patch(freezing=True), inductor)
+    tpu = torch.compile(model, backend="tpu", options={**TPU_OPTIONS, "freeze_parameters": True})
+    return Workload(
+        "cnn_frozen", "ResNet-style CNN, parameters frozen",
+        {
+            "eager": functools.partial(model, images),
+            "inductor": functools.partial(frozen_inductor, images),
+            "tpu": functools.partial(tpu, images),
+            "jax": jax_call(functools.partial(resnet_jax, params), jnp.asarray(images.numpy())),
+        },
+    )
+
+
+def _first_call_under(context: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its first call (where torch.compile compiles) inside ``context``."""
+    compiled = []
+
+    def call(*args: Any) -> Any:
+        if compiled:
+            return fn(*args)
+        with context:
+            result = fn(*args)
+        compiled.append(True)
+        return result
+
+    return call
+
+
 def torch_train_step(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor
 ) -> Callable[[], torch.Tensor]:
@@ -465,6 +503,7 @@ BUILDERS: dict[str, Callable[[], Workload]] = {
     "mlp": mlp_workload,
     "decoder": decoder_workload,
     "cnn": cnn_workload,
+    "cnn_frozen": cnn_frozen_workload,
     "train": train_workload,
 }
 

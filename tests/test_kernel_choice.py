@@ -60,7 +60,7 @@ def test_faster_eager_kernel_runs_the_conv(timings, tmp_path):
     expected, actual = _run({"cache_dir": str(tmp_path)}, x)
     torch.testing.assert_close(actual, expected)
     graph = _graph()
-    assert [k.op for k in graph.eager_kernels] == ["convolution_channels_last"]
+    assert [k.op for k in graph.eager_kernels] == ["convolution_pointwise_channels_last"]
     assert "faster" in graph.eager_kernels[0].reason and "channels-last" in graph.eager_kernels[0].reason
     assert graph.fallbacks == []  # a choice, not a fallback
     assert graph.islands and all("aten.convolution.default" not in i.ops for i in graph.islands)
@@ -68,7 +68,7 @@ def test_faster_eager_kernel_runs_the_conv(timings, tmp_path):
 
     page = render(report.current())
     choices = page[page.index('id="eager-kernels"'):page.index('id="recompiles"')]
-    assert "convolution_channels_last" in choices
+    assert "convolution_pointwise_channels_last" in choices
 
 
 def test_slower_eager_kernel_leaves_the_conv_on_the_device(timings, tmp_path):
@@ -99,7 +99,7 @@ def test_decision_is_kept_for_later_processes(timings, tmp_path):
     report.reset()
     _run({"cache_dir": str(tmp_path)}, x)
     assert len(timings["measured"]) == 1
-    assert [k.op for k in _graph().eager_kernels] == ["convolution_channels_last"]
+    assert [k.op for k in _graph().eager_kernels] == ["convolution_pointwise_channels_last"]
 
 
 def test_option_off_keeps_every_conv_on_the_device(timings):

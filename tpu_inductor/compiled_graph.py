@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional, Sequence
+import weakref
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx
@@ -27,6 +28,7 @@ from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
+from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
 from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.reporting import hooks
@@ -142,6 +144,37 @@ class DeviceIsland:
         self._run_eagerly = True
 
 
+class ReusedResults:
+    """A frozen island's results, kept while its inputs are the same tensors,
+    unchanged (``freeze_parameters``; passes/frozen_parameters.py).
+
+    A tensor is the same while it is the same object (held weakly) with the
+    same data pointer and version counter: in-place writes bump the counter,
+    ``.data`` swaps move the pointer.
+    """
+
+    def __init__(self, run: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+        self._run = run
+        self._inputs: list[weakref.ref] = []
+        self._states: list[tuple[int, int]] = []
+        self._results: Optional[tuple[torch.Tensor, ...]] = None
+
+    def run(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        try:
+            states = [(t._version, t.data_ptr()) for t in tensors]
+        except RuntimeError:  # an inference tensor: no version counter to watch
+            return self._run(*tensors)
+        if (
+            states == self._states
+            and self._results is not None
+            and all(ref() is t for ref, t in zip(self._inputs, tensors))
+        ):
+            return self._results
+        self._results = self._run(*tensors)
+        self._inputs, self._states = [weakref.ref(t) for t in tensors], states
+        return self._results
+
+
 class _BoxedGraph:
     """AOTAutograd's boxed calling convention: one list of args, freed early."""
 
@@ -173,12 +206,24 @@ def compile_graph(
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
         return DynamicShapeGraph(gm, example_inputs, kind, context)
-    return _BoxedGraph(build_compiled_graph(gm, kind, context))
+    parameters = _parameter_inputs() if kind == "inference" and context.config.freeze_parameters else ()
+    return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters))
+
+
+def _parameter_inputs() -> tuple[int, ...]:
+    """Positions of the graph inputs that are parameters and buffers, as
+    AOTAutograd learnt them from Dynamo (the same list Inductor's CUDA graphs use)."""
+    tracing = torch._guards.TracingContext.try_get()
+    if tracing is None or tracing.fw_metadata is None:
+        return ()
+    return tuple(tracing.fw_metadata.static_input_indices)
 
 
 def build_compiled_graph(
-    gm: torch.fx.GraphModule, kind: str, context: CompileContext
+    gm: torch.fx.GraphModule, kind: str, context: CompileContext, parameters: Sequence[int] = ()
 ) -> torch.fx.GraphModule:
+    """``parameters``: positions of inputs whose parameter-only computation
+    may be kept between calls (``freeze_parameters``)."""
     with report.stage("passes"):
         gm = run_passes(gm)
     record = report.new_graph_record(
@@ -191,9 +236,11 @@ def build_compiled_graph(
         ],
     )
     chosen = choose_eager_kernels(gm, context.kernels, lambda n: context.support.unsupported_reason(n) is None)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()
     # Each failed attempt moves at least one node to eager, so this terminates.
     for _ in range(len(gm.graph.nodes) + 1):
-        plan = propose_islands(gm, context.support, chosen)
+        plan = propose_islands(gm, context.support, chosen, frozen)
         failure = _compile_islands(plan, context, record)
         if failure is None:
             break
@@ -205,15 +252,15 @@ def build_compiled_graph(
 
     settle_eager(plan, context.config.strict, record)
     island_records = {island.name: island for island in record.islands}
-    devices = {
-        island.name: DeviceIsland(
-            island.executable,
-            island_records.get(island.name),
-            aten_graph=island.graph,
-            graph_record=record,
+    devices = {}
+    for island in plan.islands:
+        run = DeviceIsland(
+            island.executable, island_records.get(island.name), aten_graph=island.graph, graph_record=record
         ).run
-        for island in plan.islands
-    }
+        if island.frozen:
+            island_records[island.name].results_kept = True
+            run = ReusedResults(run).run
+        devices[island.name] = run
     fused = fuse_islands(gm, plan, devices)
     fused.meta[_RECORD_KEY] = record  # execution counts
     return fused

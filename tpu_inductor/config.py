@@ -70,6 +70,15 @@ class Config:
     as choices, not fallbacks. Ignored on other platforms.
     Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
 
+    freeze_parameters: bool = False
+    """Inference graphs compute what depends only on parameters and buffers
+    (BatchNorm folded into convolution weights, scales, casts) once and reuse
+    it while those tensors are unchanged: an in-place update (optimizer step,
+    ``load_state_dict``, ``torch.no_grad()`` writes) or a replaced tensor
+    recomputes it. Writes through ``.data`` bypass PyTorch's version counter
+    and are not seen, hence off by default (Inductor's ``freezing`` sees
+    neither). Costs memory for the kept results. Env: ``TPU_INDUCTOR_FREEZE_PARAMETERS``."""
+
     cache: bool = True
     """Keep compiled executables in ``cache_dir`` so a later process starts
     warm. Env: ``TPU_INDUCTOR_CACHE`` (0 turns it off)."""

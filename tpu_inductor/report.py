@@ -52,6 +52,9 @@ class IslandRecord:
     """Calls of the island's executable."""
     stablehlo_file: Optional[str] = None
     """The island's StableHLO text, relative to the report directory (when one is set)."""
+    results_kept: bool = False
+    """Computes from parameters only; its results are reused while those are
+    unchanged (``freeze_parameters``), so ``executions`` counts recomputations."""
 
 
 @dataclasses.dataclass

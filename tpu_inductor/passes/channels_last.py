@@ -112,7 +112,7 @@ def _propagate(graph: torch.fx.Graph, nhwc: dict[torch.fx.Node, torch.fx.Node]) 
         tensor_inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
         if not any(a in nhwc for a in tensor_inputs):
             continue
-        if any(a not in nhwc and not _broadcasts_over_space(a) for a in tensor_inputs):
+        if any(a not in nhwc and not _permutes_alongside(a) for a in tensor_inputs):
             continue
         with graph.inserting_before(node):
             args = torch.fx.node.map_arg(node.args, lambda a: _nhwc_of(graph, a, nhwc))
@@ -167,20 +167,21 @@ def _is_layout_free(node: torch.fx.Node) -> bool:
     )
 
 
-def _broadcasts_over_space(node: torch.fx.Node) -> bool:
-    """A value constant over the height and width of a 4-D NCHW result (a
-    scalar, a [C, 1, 1] BatchNorm scale, an [N, C, 1, 1] squeeze-excitation
-    gate): a permute of it broadcasts the same way against NHWC."""
+def _permutes_alongside(node: torch.fx.Node) -> bool:
+    """A value whose permute broadcasts against NHWC as it did against NCHW:
+    any 4-D value (a residual read from a graph input), or one constant over
+    height and width (a scalar, a [C, 1, 1] BatchNorm scale, an [N, C, 1, 1]
+    squeeze-excitation gate)."""
     shape = node.meta["val"].shape
     if len(shape) > 4:
         return False
     padded = (1,) * (4 - len(shape)) + tuple(shape)
-    return padded[2] == 1 and padded[3] == 1
+    return len(shape) == 4 or (padded[2] == 1 and padded[3] == 1)
 
 
 def _nhwc_of(graph: torch.fx.Graph, arg: object, nhwc: dict[torch.fx.Node, torch.fx.Node]) -> object:
-    """An argument of a pointwise op computed NHWC: its twin, or, for a value
-    constant over space, the same values in NHWC broadcasting position."""
+    """An argument of a pointwise op computed NHWC: its twin, or the same
+    values permuted to NHWC broadcasting position."""
     if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.Tensor):
         return arg
     if arg in nhwc:

@@ -40,6 +40,7 @@ from tpu_inductor.passes.channels_last import (
     run_channels_last,
     runs_channels_last,
 )
+from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
 from tpu_inductor.runtime.disk_cache import PersistedDict
 from tpu_inductor.runtime.executable import versions_digest
 
@@ -139,10 +140,11 @@ def choose_eager_kernels(
     gm: torch.fx.GraphModule, chooser: Optional[KernelChooser], lowers: Callable[[torch.fx.Node], bool]
 ) -> dict[torch.fx.Node, str]:
     """Node -> reason for the ops that run on PyTorch's kernel; rewrites ``gm``
-    so that the chosen 2-D convolutions run channels-last."""
+    so that the chosen 2-D convolutions run channels-last, with the pointwise
+    ops after them fused in where oneDNN can (passes/conv_epilogue.py)."""
     if chooser is None:
         return {}
-    return run_channels_last(gm, chooser.eager_choices(gm, lowers))
+    return fuse_convolution_epilogues(gm, run_channels_last(gm, chooser.eager_choices(gm, lowers)))
 
 
 def _signature(node: torch.fx.Node) -> Optional[str]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Optional
 
 import torch
 import torch.fx
@@ -91,7 +91,7 @@ class _TableSupport(OperatorSupportBase):
         return self.reason(node) is None
 
 
-def _is_compute(node: torch.fx.Node) -> bool:
+def is_compute(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return False
     return torch.fx.node._get_qualified_name(node.target) not in NON_COMPUTE_OPS
@@ -100,7 +100,7 @@ def _is_compute(node: torch.fx.Node) -> bool:
 def _worth_a_device_call(node: torch.fx.Node) -> bool:
     """A compute op that touches more than scalars: views and 0-d arithmetic
     (``loss_a + loss_b``) cost less in eager than a PJRT dispatch."""
-    if not _is_compute(node):
+    if not is_compute(node):
         return False
     values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     return any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in values)
@@ -122,6 +122,9 @@ class Island:
     graph: torch.fx.GraphModule
     owner: torch.fx.GraphModule
     """The graph the nodes belong to (to cut smaller pieces out of it)."""
+    frozen: bool = False
+    """Computes only from parameters (passes/frozen_parameters.py): its
+    results may be kept between calls."""
     executable: Any = None
     """Set once the island is compiled."""
 
@@ -146,23 +149,31 @@ class PartitionPlan:
 
 
 def propose_islands(
-    gm: torch.fx.GraphModule, table: SupportTable, chosen: Optional[Mapping[torch.fx.Node, str]] = None
+    gm: torch.fx.GraphModule,
+    table: SupportTable,
+    chosen: Optional[Mapping[torch.fx.Node, str]] = None,
+    frozen: Collection[torch.fx.Node] = frozenset(),
 ) -> PartitionPlan:
     """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched.
 
     ``chosen`` (passes/kernel_choice.py) are nodes kept in eager, with why,
-    because PyTorch's kernel is measurably faster."""
+    because PyTorch's kernel is measurably faster. ``frozen`` nodes
+    (passes/frozen_parameters.py) get islands of their own."""
     chosen = chosen or {}
     support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
     partitions: list[Partition] = [
-        p for p in _partitions_by_eager_depth(gm, support) if any(_worth_a_device_call(n) for n in p.nodes)
+        p
+        for p in _partitions_by_eager_depth(gm, support, frozen)
+        if any(_worth_a_device_call(n) for n in p.nodes)
     ]
     islands = []
     for index, partition in enumerate(partitions):
         nodes = topo_sort(list(partition.nodes))
         name = f"{ISLAND_PREFIX}{index}"
         sub_gm, _, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
-        islands.append(Island(name=name, nodes=nodes, graph=sub_gm, owner=gm))
+        islands.append(
+            Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, frozen=all(n in frozen for n in nodes))
+        )
     in_islands = {n for island in islands for n in island.nodes}
     eager = []
     for node in gm.graph.nodes:
@@ -173,7 +184,7 @@ def propose_islands(
         # host-side constant is a choice, not a fallback.
         if node in support.hazards or node in chosen:
             continue
-        if reason is not None and _is_compute(node) and _produces_tensor(node):
+        if reason is not None and is_compute(node) and _produces_tensor(node):
             eager.append(EagerNode(node, reason))
     return PartitionPlan(
         islands=islands,
@@ -183,7 +194,9 @@ def propose_islands(
     )
 
 
-def _partitions_by_eager_depth(gm: torch.fx.GraphModule, support: _TableSupport) -> list[Partition]:
+def _partitions_by_eager_depth(
+    gm: torch.fx.GraphModule, support: _TableSupport, frozen: Collection[torch.fx.Node] = frozenset()
+) -> list[Partition]:
     """One island per depth: how many times a path to the node goes from the device to eager.
 
     ``level`` is, for a supported node, the island it joins: the deepest of
@@ -199,9 +212,12 @@ def _partitions_by_eager_depth(gm: torch.fx.GraphModule, support: _TableSupport)
 
     A node whose every user is a ``getitem`` (a tuple output) takes those
     getitems with it, to an island or to eager.
+
+    ``frozen`` nodes of a level form an island of their own, ahead of the
+    level's other island: they read nothing that island computes.
     """
     level: dict[torch.fx.Node, int] = {}
-    group: dict[torch.fx.Node, int] = {}  # supported node -> its island's level
+    group: dict[torch.fx.Node, tuple[int, bool]] = {}  # supported node -> its island: (level, not frozen)
 
     def after(node: torch.fx.Node) -> int:
         """The first island that may run after ``node``."""
@@ -215,18 +231,18 @@ def _partitions_by_eager_depth(gm: torch.fx.GraphModule, support: _TableSupport)
         if isinstance(producer, torch.fx.Node) and _only_getitem_users(producer):
             level[node] = level[producer]
             if producer in group:
-                group[node] = level[node]
+                group[node] = group[producer]
             continue
         if support.is_node_supported({}, node):
             inputs = node.all_input_nodes
             level[node] = max((level[m] if m in group else after(m) for m in inputs), default=0)
-            group[node] = level[node]
+            group[node] = (level[node], node not in frozen)
         else:
             level[node] = max((after(m) for m in node.all_input_nodes), default=0)
-    by_level: dict[int, list[torch.fx.Node]] = {}
+    by_island: dict[tuple[int, bool], list[torch.fx.Node]] = {}
     for node, island in group.items():
-        by_level.setdefault(island, []).append(node)
-    return [Partition(id=index, nodes=by_level[island]) for index, island in enumerate(sorted(by_level))]
+        by_island.setdefault(island, []).append(node)
+    return [Partition(id=index, nodes=by_island[island]) for index, island in enumerate(sorted(by_island))]
 
 
 def _only_getitem_users(node: torch.fx.Node) -> bool:

@@ -236,7 +236,7 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
                         _e(i.compile_source),
                         f"{i.lower_seconds:.3f}",
                         f"{i.compile_seconds:.3f}",
-                        str(i.executions),
+                        f"{i.executions} (results kept)" if i.results_kept else str(i.executions),
                         f'<a href="{_e(i.stablehlo_file)}">{_e(i.stablehlo_file)}</a>' if i.stablehlo_file else "",
                     ]
                     for g in report.graphs

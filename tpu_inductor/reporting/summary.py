@@ -93,6 +93,14 @@ def first_line(text: Optional[str]) -> str:
     return " ".join(lines[0].split()) if lines else ""  # guards are padded with spaces
 
 
+def _kept(graph: record.GraphRecord) -> str:
+    """Frozen islands (``freeze_parameters``): how often their results were computed."""
+    kept = [i for i in graph.islands if i.results_kept]
+    if not kept:
+        return ""
+    return f", parameter-only work kept ({'/'.join(str(i.executions) for i in kept)} computations)"
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
@@ -141,6 +149,7 @@ def summarize(report: record.Report) -> str:
                 f"  #{g.graph_id} {g.kind}: {g.num_nodes} nodes, {_plural(len(g.islands), 'island')}, "
                 f"{len(g.fallbacks)} eager"
                 + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
+                + _kept(g)
                 + f", run {g.executions}x"
                 for g in report.graphs
             ]
