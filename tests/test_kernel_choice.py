@@ -110,6 +110,39 @@ def test_option_off_keeps_every_conv_on_the_device(timings):
     assert _graph().islands[0].ops.get("aten.convolution.default") == 1
 
 
+class TwoLinears(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = torch.nn.Linear(32, 32, dtype=dtype), torch.nn.Linear(32, 8, dtype=dtype)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_half_precision_matmuls_are_candidates_and_read_their_weights_in_place(timings, tmp_path):
+    """bfloat16 linears 'measure' faster in eager: addmm runs there, reading
+    ``t(weight)`` as a view (no island writes a transposed weight); the ReLU
+    between stays on the device. Exact: both paths run eager's addmm."""
+    model, x = TwoLinears(torch.bfloat16).eval(), torch.randn(4, 32, dtype=torch.bfloat16)
+    compiled = torch.compile(model, backend="tpu", options={"cache_dir": str(tmp_path)})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+    graph = _graph()
+    ops = [k.op for k in graph.eager_kernels]
+    assert ops.count("aten.addmm.default") == 2 and ops.count("aten.permute.default") == 2, ops
+    assert [sorted(i.ops) for i in graph.islands] == [["aten.relu.default"]]
+
+
+def test_float32_matmuls_are_not_timed(timings):
+    """XLA's and MKL's float32 GEMMs measured even: no compile time spent timing them."""
+    model, x = TwoLinears(torch.float32).eval(), torch.randn(4, 32)
+    with torch.no_grad():
+        torch.compile(model, backend="tpu", options={"cache": False})(x)
+    assert timings["measured"] == []
+    assert not _graph().eager_kernels
+
+
 def test_only_the_cpu_client_considers_eager_kernels():
     class Device:
         shares_host_memory = False

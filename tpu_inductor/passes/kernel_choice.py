@@ -49,7 +49,15 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 CANDIDATE_OPS = frozenset({aten.convolution.default})
-"""Ops PyTorch's CPU build runs through a tuned library (oneDNN)."""
+"""Ops PyTorch's CPU build runs through a tuned library (oneDNN), in every float dtype."""
+
+HALF_PRECISION_CANDIDATE_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
+"""...and in bfloat16/float16 only: there oneDNN's GEMM is several times
+faster than XLA:CPU's dot (MLP of benchmarks/perf.py under bfloat16 autocast:
+eager 2.4 ms, every dot in XLA 6.4 ms), while float32 dots measured even (MKL
+and XLA within 5% on every MLP and decoder shape), so timing them would only
+add compile time."""
+_HALF_PRECISION = frozenset({torch.bfloat16, torch.float16})
 
 EAGER_MARGIN = 0.9
 """Eager must take under 90% of XLA's time: a near tie stays on the device,
@@ -95,7 +103,7 @@ class KernelChooser:
         """Node -> reason, for the candidate nodes that should run in eager."""
         choices = {}
         for node in gm.graph.nodes:
-            if node.op != "call_function" or node.target not in CANDIDATE_OPS or not lowers(node):
+            if node.op != "call_function" or not _is_candidate(node) or not lowers(node):
                 continue
             key = _signature(node)
             if key is None:
@@ -110,6 +118,7 @@ class KernelChooser:
                     f"PyTorch's kernel is faster here ({eager_s * 1e3:.3f} ms vs XLA "
                     f"{xla_s * 1e3:.3f} ms, measured once per signature)"
                 )
+                choices.update(_transposed_operands(node))
         return choices
 
     def _measure(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[float, float]:
@@ -134,6 +143,33 @@ class KernelChooser:
             "tpu_inductor: %s: eager %.3f ms, XLA %.3f ms", _signature(node), eager_s * 1e3, xla_s * 1e3
         )
         return eager_s, xla_s
+
+
+_TRANSPOSES = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+
+
+def _transposed_operands(matmul: torch.fx.Node) -> dict[torch.fx.Node, str]:
+    """The transposes an eager matmul reads (``linear``'s ``t(weight)``): left
+    to eager they are views the GEMM reads in place, where an island would
+    write each transposed weight out on every call."""
+    if matmul.target not in HALF_PRECISION_CANDIDATE_OPS:
+        return {}
+    return {
+        operand: "transposed operand of a matmul on PyTorch's kernel, which reads it in place"
+        for operand in matmul.all_input_nodes
+        if operand.op == "call_function" and operand.target in _TRANSPOSES
+    }
+
+
+def _is_candidate(node: torch.fx.Node) -> bool:
+    if node.target in CANDIDATE_OPS:
+        return True
+    value = node.meta.get("val")
+    return (
+        node.target in HALF_PRECISION_CANDIDATE_OPS
+        and isinstance(value, torch.Tensor)
+        and value.dtype in _HALF_PRECISION
+    )
 
 
 def choose_eager_kernels(
