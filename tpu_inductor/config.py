@@ -64,8 +64,8 @@ class Config:
 
     eager_kernels: bool = True
     """On the CPU client, use PyTorch's own kernels where they are faster:
-    convolutions timed once per shape on oneDNN and on XLA run where they are
-    faster (the timing is kept beside the cache), and graphs that only update
+    convolutions and bfloat16/float16 matmuls timed once per shape on oneDNN
+    and on XLA run where they are faster (the timing is kept beside the cache), and graphs that only update
     their inputs in place (optimizer steps) run in place. Shown in the report
     as choices, not fallbacks. Ignored on other platforms.
     Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
