@@ -26,8 +26,8 @@ Workloads (float32, fixed seeds, inference in eval mode under no_grad):
   average pool, Linear to 10; 32x32 images, batch 16. BatchNorm runs in eval mode;
   the JAX version applies it as the eval affine transform computed from the same
   running statistics on every call (not folded into the convolutions), as eager does;
-- ``cnn_frozen``: the same CNN with parameters frozen where each path offers
-  it: Inductor's ``freezing`` (constants, BatchNorm folded, weights prepacked),
+- ``mlp_frozen``, ``cnn_frozen``: the MLP and the CNN with parameters frozen
+  where each path offers it: Inductor's ``freezing`` (constants, BatchNorm folded, weights prepacked),
   tpu's ``freeze_parameters`` (parameter-only work kept while the parameters
   are unchanged), JAX with the parameters closed over as constants; not part
   of the bars, which compare default settings;
@@ -150,7 +150,7 @@ OTHERS = ("eager", "inductor", "jax")  # what tpu is compared with
 COMPILED = ("inductor", "tpu", "jax")
 TORCH_PATHS = ("eager", "inductor", "tpu")
 LABELS = {"eager": "eager", "inductor": "Inductor", "tpu": "tpu", "jax": "jax.jit"}
-WORKLOADS = ("overhead", "mlp", "decoder", "cnn", "cnn_frozen", "train", "dynamic")
+WORKLOADS = ("overhead", "mlp", "decoder", "cnn", "mlp_frozen", "cnn_frozen", "train", "dynamic")
 STEADY = ("mlp", "decoder", "cnn")
 TPU_OPTIONS = {"cache": False}
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -430,21 +430,31 @@ def cnn_workload() -> Workload:
     )
 
 
-def cnn_frozen_workload() -> Workload:
-    model = _resnet()
-    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    params = to_jax(model)
+def frozen_calls(model: nn.Module, jax_forward: Callable[..., jax.Array], *inputs: torch.Tensor) -> dict[str, Call]:
+    """Each path with its parameters frozen: Inductor's ``freezing``, tpu's
+    ``freeze_parameters``, JAX with the parameters closed over as constants."""
     inductor = torch.compile(model, backend="inductor")
     frozen_inductor = _first_call_under(torch._inductor.config.patch(freezing=True), inductor)
     tpu = torch.compile(model, backend="tpu", options={**TPU_OPTIONS, "freeze_parameters": True})
+    return {
+        "eager": functools.partial(model, *inputs),
+        "inductor": functools.partial(frozen_inductor, *inputs),
+        "tpu": functools.partial(tpu, *inputs),
+        "jax": jax_call(
+            functools.partial(jax_forward, to_jax(model)), *(jnp.asarray(t.numpy()) for t in inputs)
+        ),
+    }
+
+
+def mlp_frozen_workload() -> Workload:
+    model = _seeded(MLP).eval()
+    return Workload("mlp_frozen", "MLP 3x1024, batch 64, parameters frozen", frozen_calls(model, mlp_jax, mlp_inputs(64)))
+
+
+def cnn_frozen_workload() -> Workload:
+    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     return Workload(
-        "cnn_frozen", "ResNet-style CNN, parameters frozen",
-        {
-            "eager": functools.partial(model, images),
-            "inductor": functools.partial(frozen_inductor, images),
-            "tpu": functools.partial(tpu, images),
-            "jax": jax_call(functools.partial(resnet_jax, params), jnp.asarray(images.numpy())),
-        },
+        "cnn_frozen", "ResNet-style CNN, parameters frozen", frozen_calls(_resnet(), resnet_jax, images)
     )
 
 
@@ -503,6 +513,7 @@ BUILDERS: dict[str, Callable[[], Workload]] = {
     "mlp": mlp_workload,
     "decoder": decoder_workload,
     "cnn": cnn_workload,
+    "mlp_frozen": mlp_frozen_workload,
     "cnn_frozen": cnn_frozen_workload,
     "train": train_workload,
 }

@@ -90,17 +90,41 @@ def test_off_by_default():
     assert _kept_islands() == []
 
 
-def test_transposed_weights_are_not_copies_to_keep():
-    """``t(weight)`` before a matmul is a view XLA folds into the dot: keeping
-    it would hold a second copy of the weight for nothing."""
-
+def _linear_graph():
     def linear(x, weight, scale):
         return x @ weight.t(), x * (scale * 2)
 
     gm = make_fx(linear)(torch.randn(2, 4), torch.randn(3, 4), torch.randn(4))
-    x, weight, scale = gm.graph.find_nodes(op="placeholder")
-    frozen = parameter_only_nodes(gm, [weight, scale])
-    assert [n.target for n in frozen] == [aten.mul.Tensor]
+    _, weight, scale = gm.graph.find_nodes(op="placeholder")
+    return gm, weight, scale
+
+
+def test_transposed_weights_are_not_copies_to_keep():
+    """``t(weight)`` before a matmul is a view XLA folds into the dot: keeping
+    it would hold a second copy of the weight."""
+    gm, weight, scale = _linear_graph()
+    assert [n.target for n in parameter_only_nodes(gm, [weight, scale])] == [aten.mul.Tensor]
+
+
+def test_on_the_cpu_client_matmul_weights_are_kept_transposed():
+    """XLA:CPU's dot repacks an [out, in] weight every call: there the
+    transposed copy is worth its memory."""
+    gm, weight, scale = _linear_graph()
+    frozen = parameter_only_nodes(gm, [weight, scale], keep_matmul_weight_layouts=True)
+    assert sorted(str(n.target) for n in frozen) == ["aten.mul.Tensor", "aten.t.default"]
+
+
+def test_a_linear_reads_its_weight_transposed_once():
+    """Through torch.compile on the CPU client: the island of transposes runs
+    once, the matmuls read its results on every call."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)), torch.randn(8, 16)
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), **TOLERANCE)
+    (kept,) = _kept_islands()
+    assert kept.executions == 1 and kept.ops == {"aten.permute.default": 2}
 
 
 class SharedView(torch.nn.Module):

@@ -77,7 +77,8 @@ class Config:
     ``load_state_dict``, ``torch.no_grad()`` writes) or a replaced tensor
     recomputes it. Writes through ``.data`` bypass PyTorch's version counter
     and are not seen, hence off by default (Inductor's ``freezing`` sees
-    neither). Costs memory for the kept results. Env: ``TPU_INDUCTOR_FREEZE_PARAMETERS``."""
+    neither). Costs memory for the kept results (on the CPU client, a
+    transposed copy of each matmul weight). Env: ``TPU_INDUCTOR_FREEZE_PARAMETERS``."""
 
     cache: bool = True
     """Keep compiled executables in ``cache_dir`` so a later process starts

@@ -161,10 +161,11 @@ def propose_islands(
     (passes/frozen_parameters.py) get islands of their own."""
     chosen = chosen or {}
     support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
+    # A frozen island runs once, so even a lone transpose in it is worth its call.
     partitions: list[Partition] = [
         p
         for p in _partitions_by_eager_depth(gm, support, frozen)
-        if any(_worth_a_device_call(n) for n in p.nodes)
+        if any(_worth_a_device_call(n) for n in p.nodes) or all(n in frozen for n in p.nodes)
     ]
     islands = []
     for index, partition in enumerate(partitions):
