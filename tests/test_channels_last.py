@@ -7,15 +7,12 @@ accumulate in float32 over the same 3x3xC products.
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import tpu_inductor.compiled_graph as compiled_graph
 import tpu_inductor.report as report
 from tpu_inductor.passes.channels_last import FROM_CHANNELS_LAST, TO_CHANNELS_LAST, run_channels_last
-from tpu_inductor.passes.kernel_choice import KernelChooser
 
 aten = torch.ops.aten
 
@@ -96,13 +93,6 @@ def test_convolutions_of_other_ranks_are_left_alone():
 
 
 # --------------------------------------------------------------------------- through torch.compile
-
-
-@pytest.fixture
-def eager_convolutions(monkeypatch):
-    """Every convolution 'measures' faster in eager: the choice is decided, not timed."""
-    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3))
-    monkeypatch.setattr(compiled_graph, "_kernel_choosers", {})
 
 
 class SmallResNet(torch.nn.Module):

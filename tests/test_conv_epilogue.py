@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import tpu_inductor.compiled_graph as compiled_graph
 import tpu_inductor.report as report
 from tpu_inductor.passes.channels_last import run_channels_last
 from tpu_inductor.passes.conv_epilogue import (
@@ -23,7 +22,6 @@ from tpu_inductor.passes.conv_epilogue import (
     convolution_pointwise_channels_last,
     fuse_convolution_epilogues,
 )
-from tpu_inductor.passes.kernel_choice import KernelChooser
 
 aten = torch.ops.aten
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-4}
@@ -97,13 +95,6 @@ def test_bfloat16_is_not_folded():
 
 
 # --------------------------------------------------------------------------- through torch.compile
-
-
-@pytest.fixture
-def eager_convolutions(monkeypatch):
-    """Every convolution 'measures' faster in eager: the choice is decided, not timed."""
-    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3))
-    monkeypatch.setattr(compiled_graph, "_kernel_choosers", {})
 
 
 class BasicBlock(torch.nn.Module):

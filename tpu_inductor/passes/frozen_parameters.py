@@ -38,7 +38,7 @@ from typing import Collection
 import torch
 import torch.fx
 
-from tpu_inductor.passes.partition import is_compute
+from tpu_inductor.passes.partition import TRANSPOSE_OPS, is_compute
 
 
 def parameter_only_nodes(
@@ -75,14 +75,13 @@ def parameter_only_nodes(
     return kept | views
 
 
-_TRANSPOSES = {torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default}
 _WEIGHT_OPERAND = {torch.ops.aten.mm.default: 1, torch.ops.aten.addmm.default: 2}
 
 
 def _matmul_weight_transpose(node: torch.fx.Node) -> bool:
     """A 2-D transpose read only as the right-hand operand of matmuls."""
     value = node.meta.get("val")
-    if node.target not in _TRANSPOSES or not isinstance(value, torch.Tensor) or value.dim() != 2:
+    if node.target not in TRANSPOSE_OPS or not isinstance(value, torch.Tensor) or value.dim() != 2:
         return False
     return bool(node.users) and all(
         user.target in _WEIGHT_OPERAND and user.args[_WEIGHT_OPERAND[user.target]] is node for user in node.users

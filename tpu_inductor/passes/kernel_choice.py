@@ -44,6 +44,7 @@ from tpu_inductor.passes.channels_last import (
     runs_channels_last,
 )
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
+from tpu_inductor.passes.partition import TRANSPOSE_OPS
 from tpu_inductor.runtime.disk_cache import PersistedDict
 from tpu_inductor.runtime.executable import versions_digest
 
@@ -148,9 +149,6 @@ class KernelChooser:
         return eager_s, xla_s
 
 
-_TRANSPOSES = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
-
-
 def _transposed_operands(matmul: torch.fx.Node) -> dict[torch.fx.Node, str]:
     """The transposes an eager matmul reads (``linear``'s ``t(weight)``): left
     to eager they are views the GEMM reads in place, where an island would
@@ -160,7 +158,7 @@ def _transposed_operands(matmul: torch.fx.Node) -> dict[torch.fx.Node, str]:
     return {
         operand: "transposed operand of a matmul on PyTorch's kernel, which reads it in place"
         for operand in matmul.all_input_nodes
-        if operand.op == "call_function" and operand.target in _TRANSPOSES
+        if operand.op == "call_function" and operand.target in TRANSPOSE_OPS
     }
 
 

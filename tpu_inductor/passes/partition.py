@@ -64,6 +64,10 @@ NON_COMPUTE_OPS = (
 )
 
 
+TRANSPOSE_OPS = frozenset({torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default})
+"""Views that reorder dimensions: what a matmul can read in place."""
+
+
 class _TableSupport(OperatorSupportBase):
     """Why a node stays eager (``None``: it lowers), from every source of that decision."""
 
