@@ -125,9 +125,8 @@ def test_compiled_resnet_matches_eager_with_channels_last_convolutions(eager_con
     (graph,) = report.current().graphs
     # The stem's BatchNorm + ReLU and the middle ReLU fold into their
     # convolutions (passes/conv_epilogue.py); the strided one has no epilogue.
-    assert [k.op for k in graph.eager_kernels] == ["convolution_pointwise_channels_last"] * 2 + [
-        "convolution_channels_last"
-    ]
+    convolutions = [k.op for k in graph.eager_kernels if "convolution" in k.op]
+    assert convolutions == ["convolution_pointwise_channels_last"] * 2 + ["convolution_channels_last"]
     assert graph.fallbacks == []
 
 

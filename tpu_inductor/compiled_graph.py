@@ -29,7 +29,7 @@ from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
-from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels
+from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
@@ -244,6 +244,9 @@ def build_compiled_graph(
         if parameters
         else set()
     )
+    if chosen:
+        proposed = propose_islands(gm, context.support, chosen, frozen).islands
+        chosen.update(small_islands_between_eager_kernels(proposed, chosen))
     # Each failed attempt moves at least one node to eager, so this terminates.
     for _ in range(len(gm.graph.nodes) + 1):
         plan = propose_islands(gm, context.support, chosen, frozen)

@@ -44,7 +44,7 @@ from tpu_inductor.passes.channels_last import (
     runs_channels_last,
 )
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
-from tpu_inductor.passes.partition import TRANSPOSE_OPS
+from tpu_inductor.passes.partition import TRANSPOSE_OPS, is_compute
 from tpu_inductor.runtime.disk_cache import PersistedDict
 from tpu_inductor.runtime.executable import versions_digest
 
@@ -160,6 +160,37 @@ def _transposed_operands(matmul: torch.fx.Node) -> dict[torch.fx.Node, str]:
         for operand in matmul.all_input_nodes
         if operand.op == "call_function" and operand.target in TRANSPOSE_OPS
     }
+
+
+SMALL_ISLAND_WORK = 1 << 18
+"""Elements an island of pointwise ops may write and still run in eager when
+it sits between PyTorch kernels. Inside a model, a PJRT call costs 30-400 us
+on this CPU client (its first DLPack import after a oneDNN kernel alone ~30
+us), where eager's ReLU over 64x1024 bfloat16 values takes ~10 us."""
+
+_CASTS = frozenset({torch.ops.prims.convert_element_type.default, aten._to_copy.default})
+
+
+def small_islands_between_eager_kernels(islands: list, chosen: dict[torch.fx.Node, str]) -> dict[torch.fx.Node, str]:
+    """The compute nodes of islands that only do a little pointwise work next
+    to a node that runs on PyTorch's kernel: node -> reason."""
+    result = {}
+    for island in islands:
+        compute = [n for n in island.nodes if is_compute(n)]
+        work = sum(n.meta["val"].numel() for n in compute if isinstance(n.meta.get("val"), torch.Tensor))
+        if island.frozen or work > SMALL_ISLAND_WORK or not all(_is_pointwise(n) for n in compute):
+            continue
+        neighbours = {m for n in island.nodes for m in (*n.all_input_nodes, *n.users)}
+        if neighbours.isdisjoint(chosen):
+            continue
+        reason = f"{work} elements of pointwise work between PyTorch kernels: cheaper in eager than a device call"
+        result.update({node: reason for node in compute})
+    return result
+
+
+def _is_pointwise(node: torch.fx.Node) -> bool:
+    target = node.target
+    return target in _CASTS or (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags)
 
 
 def _is_candidate(node: torch.fx.Node) -> bool:
