@@ -13,7 +13,9 @@ A 2-D convolution chosen for eager runs channels-last, and the pointwise
 ops around it follow (passes/channels_last.py); it is timed that way.
 bfloat16/float16 matmuls are candidates too (XLA:CPU's half-precision dot
 is the slow one there); the transposed weight such a matmul reads stays a
-view in eager.
+view in eager. Once those are chosen, an island that would only do a little
+pointwise work next to them joins them in eager
+(:func:`small_islands_between_eager_kernels`).
 
 Only where torch and the device share memory (the CPU client): elsewhere an
 eager op means a round trip between host and device. Option
