@@ -244,18 +244,20 @@ def build_compiled_graph(
         if parameters
         else set()
     )
-    if chosen:
-        proposed = propose_islands(gm, context.support, chosen, frozen).islands
-        chosen.update(small_islands_between_eager_kernels(proposed, chosen))
+    plan = propose_islands(gm, context.support, chosen, frozen)
+    small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
+    if small:
+        chosen.update(small)
+        plan = propose_islands(gm, context.support, chosen, frozen)
     # Each failed attempt moves at least one node to eager, so this terminates.
     for _ in range(len(gm.graph.nodes) + 1):
-        plan = propose_islands(gm, context.support, chosen, frozen)
         failure = _compile_islands(plan, context, record)
         if failure is None:
             break
         record.lowering_retries += 1
         hooks.on_island_failed(*failure, context, record)
         _learn_from_failure(*failure, context)
+        plan = propose_islands(gm, context.support, chosen, frozen)
     else:  # pragma: no cover - guarded by the bound above
         raise LoweringError("tpu_inductor: partitioning did not converge")
 

@@ -15,7 +15,8 @@ exposes. So:
 - ``conv(x, W) * s + t`` with ``s`` and ``t`` per output channel (eval
   BatchNorm after decomposition) becomes ``conv(x, W * s) + t``: the folded
   weight is computed in the parameter island on every call, so a weight or
-  running-stat update is always seen (no freezing);
+  running-stat update is always seen (``freeze_parameters`` keeps it while
+  they are unchanged, passes/frozen_parameters.py);
 - a following ``+ other`` of the output's shape is the binary post-op;
 - a following ``relu`` is the eltwise post-op.
 
