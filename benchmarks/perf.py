@@ -21,6 +21,9 @@ Workloads (float32, fixed seeds, inference in eval mode under no_grad):
   (``F.scaled_dot_product_attention(is_causal=True)``; JAX: explicit softmax under
   a causal mask), GELU MLP 4d, learned positions, untied LM head over 1000 tokens;
   seq 128, batch 4;
+- ``decode``: the same decoder on one token, batch 1 -- the shape of a
+  generation step (without a KV cache), where every Linear multiplies a single
+  row; not part of the bars;
 - ``cnn``: ResNet-style, conv3x3+BN+ReLU stem (32 ch), 3 basic blocks (32, 64,
   128 ch; stride 1, 2, 2; 1x1 conv+BN shortcuts where the shape changes), global
   average pool, Linear to 10; 32x32 images, batch 16. BatchNorm runs in eval mode;
@@ -150,7 +153,7 @@ OTHERS = ("eager", "inductor", "jax")  # what tpu is compared with
 COMPILED = ("inductor", "tpu", "jax")
 TORCH_PATHS = ("eager", "inductor", "tpu")
 LABELS = {"eager": "eager", "inductor": "Inductor", "tpu": "tpu", "jax": "jax.jit"}
-WORKLOADS = ("overhead", "mlp", "decoder", "cnn", "mlp_frozen", "cnn_frozen", "train", "dynamic")
+WORKLOADS = ("overhead", "mlp", "decoder", "decode", "cnn", "mlp_frozen", "cnn_frozen", "train", "dynamic")
 STEADY = ("mlp", "decoder", "cnn")
 TPU_OPTIONS = {"cache": False}
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -418,6 +421,19 @@ def decoder_workload() -> Workload:
     )
 
 
+def decode_workload() -> Workload:
+    model = _seeded(Decoder).eval()
+    token = torch.randint(0, 1000, (1, 1), generator=torch.Generator().manual_seed(1))
+    forward = functools.partial(decoder_jax, heads=4, layers=len(model.blocks))
+    return Workload(
+        "decode", "decoder on one token, batch 1 (a generation step's shape)",
+        {
+            **torch_calls(model, token),
+            "jax": jax_call(forward, to_jax(model), jnp.asarray(token.numpy(), jnp.int32)),
+        },
+    )
+
+
 def cnn_workload() -> Workload:
     model = _resnet()
     images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -512,6 +528,7 @@ BUILDERS: dict[str, Callable[[], Workload]] = {
     "overhead": overhead_workload,
     "mlp": mlp_workload,
     "decoder": decoder_workload,
+    "decode": decode_workload,
     "cnn": cnn_workload,
     "mlp_frozen": mlp_frozen_workload,
     "cnn_frozen": cnn_frozen_workload,

@@ -1,7 +1,9 @@
-"""Weight-gradient matmuls get their transposed operand laid out for XLA:CPU (lowering/cpu_dot_operands.py).
+"""Matmul operands laid out for XLA:CPU (lowering/cpu_dot_operands.py): a
+transposed right operand is read in place, a weight gradient's transposed
+left operand is materialised.
 
-Values are compared at torch.testing's float32 defaults: the barrier only
-changes where the transpose is materialised, not the products summed.
+Values are compared at torch.testing's float32 defaults: both rewrites only
+change where (or whether) a transpose is materialised, not the products summed.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
+from tpu_inductor.lowering.cpu_dot_operands import fold_transposed_rhs
+from tpu_inductor.lowering.refine import _context
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.reporting.files import stablehlo_text
 
@@ -59,3 +63,51 @@ def test_training_step_gradients_match_eager(tmp_path):
     (backward,) = tmp_path.glob("*/stablehlo/g1-island_0.mlir")
     # Two weight gradients; the first layer's input gradient is not needed.
     assert backward.read_text().count("stablehlo.optimization_barrier") == 2
+
+
+def linear(x, weight, bias):
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def test_linear_reads_its_weight_in_place_for_cpu():
+    args = torch.randn(1, 96), torch.randn(128, 96), torch.randn(128)
+    folded = _lowered_text(linear, *args, for_cpu=True)
+    assert "stablehlo.transpose" not in folded
+    assert "contracting_dims = [1] x [1]" in folded
+    assert "stablehlo.transpose" in _lowered_text(linear, *args, for_cpu=False)
+
+
+def test_batched_transposed_keys_are_read_in_place():
+    args = torch.randn(2, 1, 16), torch.randn(2, 8, 16)
+    folded = _lowered_text(lambda q, k: torch.bmm(q, k.transpose(1, 2)), *args, for_cpu=True)
+    assert "stablehlo.transpose" not in folded
+    assert "contracting_dims = [2] x [2]" in folded
+
+
+_SWAPPED_FREE_DIMS = """
+func.func @main(%x: tensor<4x8xf32>, %w: tensor<8x3x5xf32>) -> tensor<4x5x3xf32> {
+  %t = stablehlo.transpose %w, dims = [0, 2, 1] : (tensor<8x3x5xf32>) -> tensor<8x5x3xf32>
+  %y = stablehlo.dot_general %x, %t, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x5x3xf32>) -> tensor<4x5x3xf32>
+  return %y : tensor<4x5x3xf32>
+}
+"""
+
+
+def test_a_transpose_that_reorders_the_result_stays():
+    """Reading ``%w`` in place would give a 4x3x5 result: the fold must not apply."""
+    from torch_mlir import ir
+
+    with _context():
+        module = ir.Module.parse(_SWAPPED_FREE_DIMS)
+        assert fold_transposed_rhs(module) == 0
+        assert "stablehlo.transpose" in str(module)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mlp_at_batch_one_matches_eager(batch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(batch, 96)
+    compiled = torch.compile(model, backend="tpu", options={"cache": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

@@ -91,7 +91,12 @@ class SymbolicIsland:
             for i, e in self._scalar_inputs.items()
         }
         started = time.perf_counter()
-        module = refine_to_static(self.lowered.text, [s.shape for s in input_specs], scalars)
+        module = refine_to_static(
+            self.lowered.text,
+            [s.shape for s in input_specs],
+            scalars,
+            for_cpu=context.platform.name == "cpu",
+        )
         refined_seconds = time.perf_counter() - started
         loaded, stats = compile_stablehlo(
             module,

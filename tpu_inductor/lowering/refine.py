@@ -27,6 +27,7 @@ import re
 from typing import Mapping, Sequence
 
 from tpu_inductor.errors import LoweringError
+from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
 from tpu_inductor.lowering.shape_legalize import legalize_shape_arithmetic
 
 _DYNAMIC_TYPE = re.compile(r"tensor<[^>]*\?|tensor<\*")
@@ -71,11 +72,15 @@ def refine_to_static(
     module_text: str,
     tensor_shapes: Sequence[Sequence[int]],
     scalar_values: Mapping[int, int],
+    *,
+    for_cpu: bool = False,
 ) -> str:
     """``module_text`` with static shapes.
 
     ``scalar_values`` maps the positions of scalar arguments to their values;
     ``tensor_shapes`` lists the shape of every other argument, in order.
+    ``for_cpu`` adds the operand layouts XLA:CPU's matmuls want
+    (cpu_dot_operands.py), which need the static shapes.
     """
     from torch_mlir import ir
 
@@ -103,6 +108,8 @@ def refine_to_static(
                 if not _fold_float_scalars(ir, module):
                     break
             _run(module, "func.func(stablehlo-canonicalize-dynamism), canonicalize")
+            if for_cpu:
+                arrange_dot_operands(module)
             text = module.operation.get_asm()
     except LoweringError:
         raise

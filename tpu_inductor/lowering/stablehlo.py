@@ -20,7 +20,7 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.lowering.compare_types import fix_unsigned_compares
-from tpu_inductor.lowering.cpu_dot_operands import materialize_transposed_lhs
+from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
 from tpu_inductor.runtime.executable import TensorSpec
 
 _TORCH_TO_BACKEND = (
@@ -111,7 +111,7 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, name: str = "main", *, for_cpu:
         _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO")
         fix_unsigned_compares(module)
         if for_cpu:
-            materialize_transposed_lhs(module)
+            arrange_dot_operands(module)
         input_specs, output_specs = graph_specs(gm)
         bytecode = io.BytesIO()
         module.operation.write_bytecode(bytecode)
