@@ -111,3 +111,38 @@ def test_mlp_at_batch_one_matches_eager(batch):
     compiled = torch.compile(model, backend="tpu", options={"cache": False})
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def _swapped(text: str) -> bool:
+    """Whether a dot was computed as (W . x^T)^T: its result goes through a barrier and a transpose."""
+    return "optimization_barrier" in text and "dims = [1, 0]" in text
+
+
+@pytest.mark.parametrize(
+    "batch, features, swapped",
+    [
+        (8, 512, True),  # a thin batch against a 1 MB weight: packing the weight dominates
+        (512, 512, False),  # as many rows as the weight: transposing them would cost as much
+        (8, 128, False),  # a small weight: the extra transpose costs more than it saves
+    ],
+)
+def test_thin_batch_times_wide_weight_puts_the_weight_on_the_left(batch, features, swapped):
+    args = torch.randn(batch, features), torch.randn(features, features), torch.randn(features)
+    assert _swapped(_lowered_text(linear, *args, for_cpu=True)) == swapped
+    assert not _swapped(_lowered_text(linear, *args, for_cpu=False))
+
+
+def test_double_transposed_weight_reads_in_place():
+    """AOTAutograd's backward reads a weight as t(t(W)): both transposes fold."""
+    args = torch.randn(8, 512), torch.randn(512, 512)
+    text = _lowered_text(lambda g, w: torch.mm(g, w.t().t()), *args, for_cpu=True)
+    assert "stablehlo.transpose" not in text and "contracting_dims = [1] x [0]" in text
+
+
+def test_swapped_linear_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    x = torch.randn(8, 512)
+    compiled = torch.compile(model, backend="tpu", options={"cache": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))

@@ -237,13 +237,7 @@ def build_compiled_graph(
     )
     chosen = choose_eager_kernels(gm, context.kernels, lambda n: context.support.unsupported_reason(n) is None)
     placeholders = gm.graph.find_nodes(op="placeholder")
-    frozen = (
-        parameter_only_nodes(
-            gm, [placeholders[i] for i in parameters], keep_matmul_weight_layouts=context.platform.name == "cpu"
-        )
-        if parameters
-        else set()
-    )
+    frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()
     plan = propose_islands(gm, context.support, chosen, frozen)
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:

@@ -14,10 +14,9 @@ another qualifying node, and it is a deterministic, non-mutating ATen op.
 Two kinds are left out on purpose:
 
 - views and layout ops reading a parameter directly (``t(weight)`` before a
-  matmul): cached, they would be a second copy of the weight, and XLA reads
-  the transpose inside the dot. Except on the CPU client, whose dot repacks a
-  transposed weight on every call (``keep_matmul_weight_layouts``: the MLP of
-  benchmarks/perf.py 1.1x faster for a second copy of its weights);
+  matmul): cached, they would be a second copy of the weight, and the dot
+  reads the weight in place (on the CPU client too: lowering/cpu_dot_operands.py
+  lays the product out so XLA:CPU need not repack the weight);
 - values that reach the graph's output (directly or through views): the
   caller could write into the kept tensor.
 
@@ -38,11 +37,11 @@ from typing import Collection
 import torch
 import torch.fx
 
-from tpu_inductor.passes.partition import TRANSPOSE_OPS, is_compute
+from tpu_inductor.passes.partition import is_compute
 
 
 def parameter_only_nodes(
-    gm: torch.fx.GraphModule, parameters: Collection[torch.fx.Node], keep_matmul_weight_layouts: bool = False
+    gm: torch.fx.GraphModule, parameters: Collection[torch.fx.Node]
 ) -> set[torch.fx.Node]:
     """The nodes of ``gm`` whose values depend only on ``parameters``
     (placeholders) through real computation and are worth keeping between calls.
@@ -50,13 +49,7 @@ def parameter_only_nodes(
     A view of a parameter that such a node reads is part of that work too; when
     other nodes read the view as well it is copied for the kept work, since one
     node can only be on one side and, on the other, XLA folds the view into its
-    reader. Edits ``gm`` for that (and recompiles it).
-
-    ``keep_matmul_weight_layouts`` (the CPU client): a weight's transpose that
-    only matmuls read is kept too, at the cost of a second copy of the weight.
-    XLA:CPU's YNNPACK dot repacks a ``[out, in]`` weight with a transpose on
-    every call; on the MLP of benchmarks/perf.py, jax.jit of ``x @ w.T`` took
-    5.80 ms and of ``x @ w_t`` with ``w_t`` stored transposed 5.22 ms."""
+    reader. Edits ``gm`` for that (and recompiles it)."""
     derived: set[torch.fx.Node] = set(parameters)  # depends on parameters only
     computed: set[torch.fx.Node] = set()  # ... through at least one compute op
     for node in gm.graph.nodes:
@@ -68,24 +61,9 @@ def parameter_only_nodes(
         derived.add(node)
         if _computes(node) or any(i in computed for i in inputs):
             computed.add(node)
-        elif keep_matmul_weight_layouts and _matmul_weight_transpose(node):
-            computed.add(node)
     kept = computed - _reaching_output(gm)
     views = _copy_views_for(gm, kept, derived - computed - set(parameters))
     return kept | views
-
-
-_WEIGHT_OPERAND = {torch.ops.aten.mm.default: 1, torch.ops.aten.addmm.default: 2}
-
-
-def _matmul_weight_transpose(node: torch.fx.Node) -> bool:
-    """A 2-D transpose read only as the right-hand operand of matmuls."""
-    value = node.meta.get("val")
-    if node.target not in TRANSPOSE_OPS or not isinstance(value, torch.Tensor) or value.dim() != 2:
-        return False
-    return bool(node.users) and all(
-        user.target in _WEIGHT_OPERAND and user.args[_WEIGHT_OPERAND[user.target]] is node for user in node.users
-    )
 
 
 def _computes(node: torch.fx.Node) -> bool:
