@@ -31,6 +31,7 @@ from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
 from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
+from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
     DeviceExecutable,
@@ -226,6 +227,8 @@ def build_compiled_graph(
     may be kept between calls (``freeze_parameters``)."""
     with report.stage("passes"):
         gm = run_passes(gm)
+        if context.platform.name == "cpu":
+            gm = small_convolutions_as_matmuls(gm)
     record = report.new_graph_record(
         kind,
         num_nodes=len(gm.graph.nodes),
