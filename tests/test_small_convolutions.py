@@ -48,6 +48,14 @@ def test_rewritten_convolution_matches_eager(input_shape, weight_shape, kwargs, 
     torch.testing.assert_close(gm(*args), F.conv2d(*args, **kwargs))
 
 
+def test_one_value_for_both_spatial_dims():
+    """``padding="valid"`` reaches aten.convolution as ``[0]`` (SigLIP's patch embedding)."""
+    args = torch.randn(1, 3, 8, 8), torch.randn(16, 3, 4, 4)
+    gm = _rewritten(lambda x, w: aten.convolution.default(x, w, None, [4], [0], [1], False, [0], 1), *args)
+    assert _convolutions(gm) == 0
+    torch.testing.assert_close(gm(*args), F.conv2d(*args, stride=4))
+
+
 @pytest.mark.parametrize(
     "input_shape, weight_shape, kwargs",
     [

@@ -70,9 +70,15 @@ def _qualifies(node: torch.fx.Node) -> bool:
     return batch * height * width <= MAX_ROWS
 
 
+def _pair(values: list[int]) -> list[int]:
+    """aten.convolution takes one value for both spatial dims too ("valid" padding: [0])."""
+    return list(values) * 2 if len(values) == 1 else list(values)
+
+
 def _rewrite(build: GraphBuilder) -> None:
     node = build.anchor
-    x, w, bias, stride, padding, dilation = node.args[:6]
+    x, w, bias = node.args[:3]
+    stride, padding, dilation = (_pair(v) for v in node.args[3:6])
     batch, out_channels, out_height, out_width = node.meta["val"].shape
     in_channels, kernel_h, kernel_w = w.meta["val"].shape[1:]
     padded = build.call(aten.constant_pad_nd.default, x, [padding[1], padding[1], padding[0], padding[0]], 0.0)
