@@ -48,11 +48,11 @@ def tpu_backend(
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         partition_fn=min_cut_rematerialization_partition,
-        # With dynamic shapes, inference keeps attention whole for the padding
-        # analysis (passes/padding_safety.py), which decomposes it right after.
-        decompositions=decomposition_table(
-            keep_attention=bool(dims) and not _needs_grad(example_inputs)
-        ),
+        # Inference keeps attention whole: for the padding analysis of dynamic
+        # shapes (passes/padding_safety.py), and because passes/attention.py
+        # builds it from ATen ops faster than AOTAutograd traces PyTorch's
+        # decomposition of it.
+        decompositions=decomposition_table(keep_attention=not _needs_grad(example_inputs)),
     )
     with _attention_for_autograd(example_inputs), report.within_trace(dynamo_trace):
         with report.stage("aot_autograd"):

@@ -28,6 +28,7 @@ from tpu_inductor.lowering.culprits import find_culprits
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes import run_passes
+from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
 from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
@@ -226,6 +227,7 @@ def build_compiled_graph(
     """``parameters``: positions of inputs whose parameter-only computation
     may be kept between calls (``freeze_parameters``)."""
     with report.stage("passes"):
+        gm, _ = decompose_attention(gm, padded=frozenset())  # kept whole through AOTAutograd
         gm = run_passes(gm)
         if context.platform.name == "cpu":
             gm = small_convolutions_as_matmuls(gm)

@@ -367,9 +367,9 @@ _OURS: dict = {
 }
 
 
-# Attention ops a graph with dynamic shapes keeps whole through tracing, so the
-# padding analysis sees ``is_causal`` (passes/padding_safety.py); they are
-# decomposed right after it (passes/attention.py).
+# Attention ops inference graphs keep whole through tracing, so the padding
+# analysis of dynamic shapes sees ``is_causal`` (passes/padding_safety.py) and
+# passes/attention.py builds them from ATen ops, faster than tracing them.
 ATTENTION_OPS = frozenset(
     {aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default}
 )
