@@ -408,28 +408,15 @@ def mlp_workload() -> Workload:
     )
 
 
-def decoder_workload() -> Workload:
+def decoder_workload(name: str = "decoder", batch: int = 4, length: int = 128, description: str = "") -> Workload:
     model = _seeded(Decoder).eval()
-    tokens = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(1))
     forward = functools.partial(decoder_jax, heads=4, layers=len(model.blocks))
     return Workload(
-        "decoder", "decoder 2 blocks, d=256, 4 heads, seq 128, batch 4",
+        name, description or f"decoder 2 blocks, d=256, 4 heads, seq {length}, batch {batch}",
         {
             **torch_calls(model, tokens),
             "jax": jax_call(forward, to_jax(model), jnp.asarray(tokens.numpy(), jnp.int32)),
-        },
-    )
-
-
-def decode_workload() -> Workload:
-    model = _seeded(Decoder).eval()
-    token = torch.randint(0, 1000, (1, 1), generator=torch.Generator().manual_seed(1))
-    forward = functools.partial(decoder_jax, heads=4, layers=len(model.blocks))
-    return Workload(
-        "decode", "decoder on one token, batch 1 (a generation step's shape)",
-        {
-            **torch_calls(model, token),
-            "jax": jax_call(forward, to_jax(model), jnp.asarray(token.numpy(), jnp.int32)),
         },
     )
 
@@ -528,7 +515,9 @@ BUILDERS: dict[str, Callable[[], Workload]] = {
     "overhead": overhead_workload,
     "mlp": mlp_workload,
     "decoder": decoder_workload,
-    "decode": decode_workload,
+    "decode": functools.partial(
+        decoder_workload, "decode", 1, 1, "decoder on one token, batch 1 (a generation step's shape)"
+    ),
     "cnn": cnn_workload,
     "mlp_frozen": mlp_frozen_workload,
     "cnn_frozen": cnn_frozen_workload,

@@ -43,7 +43,7 @@ other side is at least 64 wide).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 WIDE_WEIGHT_ELEMENTS = 1 << 18
 """Below a 1 MB float32 weight the swap's extra transpose and barrier cost
@@ -62,21 +62,28 @@ def arrange_dot_operands(module: Any) -> None:
     materialize_transposed_lhs(module)
 
 
+def _dots(module: Any, ir: Any, wanted: Callable[[Any], bool]) -> list[Any]:
+    """The ``stablehlo.dot_general`` ops of ``module`` that ``wanted`` accepts,
+    collected before any is rewritten."""
+    dots = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "stablehlo.dot_general" and wanted(op):
+            dots.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with module.context:
+        module.operation.walk(visit)
+    return dots
+
+
 def fold_transposed_rhs(module: Any) -> int:
     """Read each transposed right operand of a dot in place; how many transposes."""
     from torch_mlir import ir
 
-    dots = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "stablehlo.dot_general":
-            dots.append(op)
-        return ir.WalkResult.ADVANCE
-
     folds = 0
     with module.context, ir.Location.unknown():
-        module.operation.walk(visit)
-        for dot in dots:
+        for dot in _dots(module, ir, lambda dot: True):
             # Repeatedly: AOTAutograd's backward reads a weight as t(t(W)).
             while chain := _foldable_rhs_chain(dot, ir):
                 _fold(dot, chain, ir)
@@ -137,15 +144,8 @@ def weight_as_left_operand(module: Any) -> int:
     from torch_mlir import ir
     from torch_mlir._mlir_libs._stablehlo import DotDimensionNumbers
 
-    dots = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "stablehlo.dot_general" and _thin_times_wide(op, ir):
-            dots.append(op)
-        return ir.WalkResult.ADVANCE
-
+    dots = _dots(module, ir, lambda dot: _thin_times_wide(dot, ir))
     with module.context, ir.Location.unknown():
-        module.operation.walk(visit)
         for dot in dots:
             thin, wide = dot.operands[0], dot.operands[1]
             rows, columns = ir.RankedTensorType(dot.result.type).shape
@@ -204,15 +204,8 @@ def materialize_transposed_lhs(module: Any) -> int:
     """Put a barrier between each qualifying transpose and its dot in ``module``; how many."""
     from torch_mlir import ir
 
-    dots = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "stablehlo.dot_general" and _qualifies(op, ir):
-            dots.append(op)
-        return ir.WalkResult.ADVANCE
-
+    dots = _dots(module, ir, lambda dot: _qualifies(dot, ir))
     with module.context, ir.Location.unknown():
-        module.operation.walk(visit)
         for dot in dots:
             transposed = dot.operands[0]
             with ir.InsertionPoint(dot):
