@@ -95,7 +95,7 @@ def _fold(dot: Any, chain: list[Any], ir: Any) -> None:
     from torch_mlir._mlir_libs._stablehlo import DotDimensionNumbers
 
     transpose = chain[-1]
-    permutation = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    permutation = _permutation(transpose, ir)
     numbers = DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
     dot.attributes["dot_dimension_numbers"] = DotDimensionNumbers.get(
         lhs_batching_dimensions=numbers.lhs_batching_dimensions,
@@ -114,6 +114,10 @@ def _producer(value: Any) -> Any:
     return getattr(value.owner, "operation", None)  # a block argument has no operation
 
 
+def _permutation(transpose: Any, ir: Any) -> list[int]:
+    return list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+
+
 def _foldable_rhs_chain(dot: Any, ir: Any) -> list[Any]:
     """The ops from ``dot``'s right operand back to a transpose (through
     identity broadcasts, which torch-mlir puts before a ``bmm``), where reading
@@ -126,7 +130,7 @@ def _foldable_rhs_chain(dot: Any, ir: Any) -> list[Any]:
     transpose = chain[-1]
     if transpose is None or transpose.name != "stablehlo.transpose":
         return []
-    permutation = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    permutation = _permutation(transpose, ir)
     numbers = DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
     used = {*numbers.rhs_batching_dimensions, *numbers.rhs_contracting_dimensions}
     free = [permutation[d] for d in range(len(permutation)) if d not in used]
@@ -217,18 +221,20 @@ def materialize_transposed_lhs(module: Any) -> int:
 
 
 def _qualifies(dot: Any, ir: Any) -> bool:
+    from torch_mlir._mlir_libs._stablehlo import DotDimensionNumbers
+
     lhs, rhs = dot.operands[0], dot.operands[1]
     producer = _producer(lhs)
     if producer is None or producer.name != "stablehlo.transpose":
         return False
-    if list(ir.DenseI64ArrayAttr(producer.attributes["permutation"])) != [1, 0]:
+    if _permutation(producer, ir) != [1, 0]:
         return False
-    numbers = str(dot.attributes["dot_dimension_numbers"])
-    if "batching" in numbers or "lhs_contracting_dimensions = [1]" not in numbers:
+    numbers = DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
+    if list(numbers.lhs_batching_dimensions) or list(numbers.lhs_contracting_dimensions) != [1]:
         return False
     lhs_shape = ir.RankedTensorType(lhs.type).shape
     rhs_shape = ir.RankedTensorType(rhs.type).shape
     if len(lhs_shape) != 2 or len(rhs_shape) != 2 or any(d < 0 for d in lhs_shape + rhs_shape):
         return False
-    other_side = rhs_shape[1] if "rhs_contracting_dimensions = [0]" in numbers else rhs_shape[0]
+    other_side = rhs_shape[1] if list(numbers.rhs_contracting_dimensions) == [0] else rhs_shape[0]
     return other_side >= MIN_OTHER_SIDE
