@@ -121,7 +121,7 @@ class DeviceIsland:
             self._check_inputs(tensors)
         if self._run_eagerly:
             return tuple(self.aten_graph(*tensors))
-        return tuple(self.executable(*tensors))
+        return tuple(self.executable.run(*tensors))
 
     def _check_inputs(self, tensors: Sequence[torch.Tensor]) -> None:
         """The first call's inputs must be what the executable was compiled for.

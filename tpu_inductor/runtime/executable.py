@@ -17,7 +17,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from jaxlib import _jax
@@ -128,13 +128,30 @@ class DeviceExecutable:
         self._resident = resident_buffers(platform)
         self._outputs_checked = False
         self.name = name
+        self.run: Callable[..., list[torch.Tensor]] = self._call_through_transfers
+        """The call, chosen once for the platform (``__call__`` adds a frame)."""
+        if platform.shares_host_memory:
+            self._host_views = transfer.HostViews(platform)
+            self._result_handlers = [transfer.result_handler(s.shape, s.dtype, platform) for s in output_specs]
+            self.run = self._call_sharing_host_memory
 
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        return self.run(*tensors)
+
+    def _call_through_transfers(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         platform, resident = self._platform, self._resident
         buffers = [transfer.to_device(t, platform, resident) for t in tensors]
         # execute_sharded directly: LoadedExecutable.execute is a Python shim over it.
         results = self._loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
         outputs = [transfer.to_torch(r[0], platform) for r in results]
+        if not self._outputs_checked:
+            self._check_outputs(outputs)
+        return outputs
+
+    def _call_sharing_host_memory(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """The CPU client's call: kept argument views, C++ result handlers."""
+        results = self._loaded.execute_sharded(self._host_views.buffers(tensors))
+        outputs = [transfer.host_tensor(a) for a in results.consume_with_handlers(self._result_handlers)]
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs

@@ -7,6 +7,11 @@ contiguous first, and XLA itself copies buffers whose data pointer is not
 suitably aligned (storage offsets). CUDA tensors cross to jax's CUDA client
 the same way, after torch's stream has finished producing them.
 
+On the CPU client, :class:`HostViews` keeps the view of a tensor that comes
+back call after call (parameters, buffers, a reused input), and
+:func:`result_handler` turns outputs into arrays in C++: together they take
+an executable call from ~15 us to ~6 us on a tiny graph.
+
 Where memory is not shared (a TPU, or any client with ``zero_copy=False``),
 tensors are uploaded, and :class:`ResidentBuffers` keeps the device copy of
 each tensor for as long as the tensor is alive and unchanged: parameters and
@@ -17,6 +22,7 @@ step, BatchNorm's running stats) bumps their version counter.
 from __future__ import annotations
 
 import collections
+import functools
 import weakref
 from typing import Any, Optional
 
@@ -66,6 +72,113 @@ class ResidentBuffers:
         """The tensor died: its id may be reused, so drop its entry and count."""
         self._entries.pop(key, None)
         self.uploads.pop(key, None)
+
+
+class HostViews:
+    """Zero-copy PJRT views of the host tensors an executable is called with,
+    kept per argument position while the same tensor comes back.
+
+    Importing a tensor through DLPack costs ~3.7 us; a decoder with 30
+    parameters paid that 30 times a call. A kept view is reused while the
+    position receives the same tensor object at the same data pointer: the
+    view aliases that memory, so in-place updates (an optimizer step) are
+    seen, and a ``.data`` swap moves the pointer and makes a new view.
+
+    The view is made from a detached alias of the tensor, so the kept view
+    holds the storage, not the tensor itself: the tensor still dies when its
+    last user drops it (a weak reference then drops the view and frees the
+    memory). A position that gets a new tensor on every call (activations)
+    stops keeping after ``_TURNOVER_LIMIT`` replacements: each kept view
+    costs ~1.5 us more to make than a plain one.
+    """
+
+    _TURNOVER_LIMIT = 2
+
+    def __init__(self, platform: Platform) -> None:
+        self._device = platform.device
+        self._kept: list[Optional[tuple[weakref.ref, int, Any]]] = []
+        self._turnover: list[int] = []
+
+    def buffers(self, tensors: tuple[torch.Tensor, ...]) -> list[Any]:
+        if len(self._kept) != len(tensors):
+            self._kept, self._turnover = [None] * len(tensors), [0] * len(tensors)
+        kept = self._kept
+        buffers = []
+        for position, tensor in enumerate(tensors):
+            entry = kept[position]
+            if entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and tensor.is_contiguous():
+                buffers.append(entry[2])
+            else:
+                buffers.append(self._view(position, tensor))
+        return buffers
+
+    def _view(self, position: int, tensor: torch.Tensor) -> Any:
+        if not tensor.is_contiguous():
+            # The executable reads dense row-major buffers; DLPack would carry
+            # the strides into a buffer of another layout, read as row-major.
+            return self._import(tensor.contiguous())
+        if self._turnover[position] >= self._TURNOVER_LIMIT or tensor.numel() == 0:
+            return self._import(tensor)
+        if self._kept[position] is not None:
+            self._turnover[position] += 1
+        # The alias shares the storage but not the TensorImpl: a capsule that
+        # held the tensor itself would keep its Python object alive (PyTorch
+        # preserves it while C++ holds a reference), and the weak reference
+        # below would never fire.
+        buffer = self._import(tensor.detach())
+        if buffer.unsafe_buffer_pointer() != tensor.data_ptr():
+            # XLA copied it (a misaligned storage offset): a kept copy would go stale.
+            self._turnover[position] = self._TURNOVER_LIMIT
+            return buffer
+        self._kept[position] = (
+            weakref.ref(tensor, functools.partial(self._tensor_died, position)),
+            tensor.data_ptr(),
+            buffer,
+        )
+        return buffer
+
+    def _tensor_died(self, position: int, ref: weakref.ref) -> None:
+        entry = self._kept[position] if position < len(self._kept) else None
+        if entry is not None and entry[0] is ref:
+            self._kept[position] = None
+            self._turnover[position] += 1
+
+    def _import(self, tensor: torch.Tensor) -> Any:
+        return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), self._device, None)
+
+
+def result_handler(shape: tuple[int, ...], dtype: torch.dtype, platform: Platform) -> Any:
+    """A C++ handler that wraps one output buffer as a jax array.
+
+    ``disassemble_into_single_device_arrays`` builds each result's sharding by
+    calling back into Python (~1 us an output); a handler made once per
+    executable does not. The handler does not check the buffer against the
+    aval: the exported tensor takes shape and dtype from the buffer itself.
+    """
+    import jax
+    from jax._src import core
+
+    return _jax.array_result_handler(
+        core.ShapedArray(shape, _numpy_dtype(dtype)),
+        jax.sharding.SingleDeviceSharding(platform.device),
+        committed=True,
+        _skip_checks=True,
+    )
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return np.dtype(name)
+    except TypeError:  # bfloat16, float8_*: numpy has them through ml_dtypes
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def host_tensor(array: Any) -> torch.Tensor:
+    """The torch view of a host-memory result array; waits until it is computed."""
+    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(array))
 
 
 def _version_of(tensor: torch.Tensor) -> Optional[int]:
