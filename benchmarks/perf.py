@@ -63,6 +63,14 @@ client and by the client tpu_inductor creates) plus, for one thread,
 torch, jax or tpu_inductor is imported. The process CPU time per wall second of
 each path's timed calls is recorded (``cpu_per_wall``) as a check on the pin.
 
+Allocator: glibc's malloc serves blocks above a *dynamic* threshold with fresh
+mmap'd pages (page faults on every call) and raises the threshold as such
+blocks are freed, so every path's speed depended on what had run before it in
+the process: eager's CNN took 29 ms in a fresh process and 17 ms after the
+decoder workload. perf.py fixes the thresholds at the values glibc's dynamic
+adjustment stops at (``mallopt``: mmap 32 MiB, trim 64 MiB) before anything
+runs, for every path alike, and records them in the JSON.
+
 Bars (printed with PASS/FAIL): tpu >= 0.95x jax.jit on each of mlp, decoder,
 cnn; geomean over those three >= 1.1x eager and >= 1.0x Inductor; tiny-graph
 per-call time no more than Inductor's; decoder cold compile <= 0.2x Inductor's;
@@ -127,9 +135,29 @@ def _pinning_environment(threads: int, environ: Mapping[str, str]) -> dict[str, 
     }
 
 
+MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # what glibc sets when it raises the mmap threshold
+
+
+def _pin_allocator() -> dict[str, Any]:
+    """glibc malloc's thresholds fixed where its dynamic adjustment ends (see the docstring)."""
+    import ctypes
+    import ctypes.util
+
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    name = ctypes.util.find_library("c")
+    if sys.platform != "linux" or name is None:
+        return {"pinned": False, "why": f"no glibc on {sys.platform}"}
+    libc = ctypes.CDLL(name)
+    if not (libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD) and libc.mallopt(m_trim_threshold, TRIM_THRESHOLD)):
+        return {"pinned": False, "why": "mallopt refused"}
+    return {"pinned": True, "mmap_threshold": MMAP_THRESHOLD, "trim_threshold": TRIM_THRESHOLD}
+
+
 # Before torch, jax or tpu_inductor is imported: XLA and OpenMP read these once.
 THREADS = _threads_from_argv(sys.argv[1:])
 os.environ.update(_pinning_environment(THREADS, os.environ))
+ALLOCATOR = _pin_allocator()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -801,7 +829,9 @@ def report_text(report: Mapping[str, Any]) -> str:
     lines = [
         f"`python benchmarks/perf.py` on {meta['date']}: {meta['cpu_count']} CPU cores "
         f"(load average {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end), "
-        f"{meta['threads']} intra-op thread(s) for every path, torch {meta['versions']['torch']}, "
+        f"{meta['threads']} intra-op thread(s) for every path, "
+        f"malloc thresholds {'pinned' if meta['allocator']['pinned'] else 'not pinned'}, "
+        f"torch {meta['versions']['torch']}, "
         f"jaxlib {meta['versions']['jaxlib']}, tpu_inductor {meta['commit']}. Medians over "
         f"{report['settings']['rounds']} interleaved rounds; \"tpu vs X\" is the median over "
         "rounds of X's time / tpu's time (> 1: tpu is faster).",
@@ -890,7 +920,7 @@ def main(argv: Sequence[str]) -> int:
     )
     load_start = os.getloadavg()[0]
     pins = " ".join(f"{k}={os.environ[k]!r}" for k in PINNED)
-    print(f"threads={THREADS} {pins} load={load_start:.2f}", flush=True)
+    print(f"threads={THREADS} {pins} allocator={ALLOCATOR} load={load_start:.2f}", flush=True)
     setup_s = prime_backends()
     results: dict[str, Any] = {}
     for name in (w for w in WORKLOADS if w in args.only):
@@ -906,6 +936,7 @@ def main(argv: Sequence[str]) -> int:
             "date": time.strftime("%Y-%m-%d"),
             "threads": THREADS,
             "environment": {k: os.environ[k] for k in PINNED},
+            "allocator": ALLOCATOR,
             "cpu_count": os.cpu_count(),
             "load_start": load_start,
             "load_end": os.getloadavg()[0],

@@ -9,8 +9,10 @@ decomposition of it through fake tensors (the perf.py decoder's capture went
 from 0.207 to 0.140 s, for 0.028 s in this pass). torch-mlir cannot lower the
 op itself, so this pass replaces it with plain ATen ops:
 
-* unmasked float32 attention with static shapes (the common case): built node
-  by node, the math attention's arithmetic (:func:`_build_attention`);
+* float32 attention with static shapes, unmasked or masked, grouped-query
+  or not (the common cases): built node by node, the math attention's
+  arithmetic, with grouped key/value heads read in place
+  (:func:`_build_attention`);
 * other attention whose key dim is not padded: PyTorch's own decomposition,
   traced with make_fx;
 * where the key dim is padded (a proven causal attention): causal attention that also
@@ -47,6 +49,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_inductor.passes.decompositions import ATTENTION_OPS, decomposition_table
 from tpu_inductor.passes.padding_safety import expr_of
+from tpu_inductor.passes.repeated_kv_heads import read_kv_heads_in_place
 from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
@@ -59,6 +62,7 @@ def decompose_attention(
 ) -> tuple[torch.fx.GraphModule, list[sympy.Symbol]]:
     """Replace kept-whole attention; return ``gm`` and the symbols whose real
     length it now takes as extra trailing inputs (in order)."""
+    gm = read_kv_heads_in_place(gm)
     graph = gm.graph
     nodes = [n for n in graph.nodes if n.op == "call_function" and n.target in ATTENTION_OPS]
     if not nodes:
@@ -92,57 +96,91 @@ def decompose_attention(
 
 
 def _built_directly(node: torch.fx.Node) -> bool:
-    """Unmasked float32 CPU attention with static shapes whose logsumexp is
-    unused: the common inference case, built node by node (_build_attention)
-    rather than traced through PyTorch's decomposition, which took ~20 ms of
-    make_fx per attention on the decoder's cold compile."""
-    if node.target is not _FLASH or node.kwargs.get("attn_mask") is not None:
+    """Float32 CPU attention with static shapes whose logsumexp is unused,
+    unmasked or with a boolean or float32 mask: the inference cases, built node
+    by node (:func:`_build_attention`) rather than traced through PyTorch's
+    decomposition, which took ~20 ms of make_fx per attention on the decoder's
+    cold compile and repeats grouped key/value heads in memory."""
+    if node.target is not _FLASH:
         return False
     dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    is_causal = node.args[4] if len(node.args) > 4 else node.kwargs.get("is_causal", False)
+    mask = node.kwargs.get("attn_mask")
     values = [a.meta.get("val") for a in node.args[:3]]
     if dropout != 0.0 or not all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in values):
         return False
     if not all(v.dim() == 4 and all(isinstance(d, int) for d in v.shape) for v in values):
         return False
+    if values[0].shape[1] % values[1].shape[1]:
+        return False
+    if mask is not None:
+        mask_value = mask.meta.get("val")
+        if is_causal or not isinstance(mask_value, torch.Tensor) or mask_value.dtype not in _MASK_DTYPES:
+            return False
+        if mask_value.dim() > 4 or not all(isinstance(d, int) for d in mask_value.shape):
+            return False
     return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
 
 
 _FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+_MASK_DTYPES = frozenset({torch.bool, torch.float32})
 
 
 def _build_attention(build: GraphBuilder) -> None:
     """PyTorch's math attention (both sides scaled by the square root of the
-    scale, causal mask by position, softmax), its output stored the way the
-    flash kernel stores it so that the graph's later views stay valid.
+    scale, mask or causal mask by position, safe softmax), its output stored
+    the way the flash kernel stores it so that the graph's later views stay
+    valid.
 
-    Without a mask no row of scores is all -inf (a causal row keeps key 0), so
-    the plain softmax equals PyTorch's safe softmax here."""
+    Grouped-query attention (``g`` query heads per key/value head, as the
+    flash kernel accepts them) is computed per key/value head over ``g * L``
+    query rows, so the key and value heads are never repeated in memory:
+
+        scores[B*Hk, g*L, S] = q[B, Hk, g, L, D] @ k[B, Hk, D, S]
+
+    A mask broadcasts over the ``(Hk, g)`` split of its head dim. A row that
+    the mask hides entirely gets zeros, as PyTorch's safe softmax gives it;
+    without a mask no row is all -inf (a causal row keeps key 0) and the plain
+    softmax is the same."""
     node = build.anchor
     q, k, v = node.args[:3]
     is_causal = node.args[4] if len(node.args) > 4 else node.kwargs.get("is_causal", False)
+    mask = node.kwargs.get("attn_mask")
     batch, heads, queries, head_dim = q.meta["val"].shape
-    keys, value_dim = v.meta["val"].shape[2:]
+    key_heads, keys, value_dim = v.meta["val"].shape[1:]
+    group = heads // key_heads
     scale = node.kwargs.get("scale")
     root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(head_dim))
 
     def batched(x: torch.fx.Node, rows: int, columns: int) -> torch.fx.Node:
         dense = build.call(aten.clone.default, x, memory_format=torch.contiguous_format)
-        return build.call(aten.view.default, dense, [batch * heads, rows, columns])
+        return build.call(aten.view.default, dense, [batch * key_heads, rows, columns])
 
     scaled_q = build.call(aten.mul.Tensor, q, root)
     scaled_k = build.call(aten.transpose.int, build.call(aten.mul.Tensor, k, root), 2, 3)
     scores = build.call(
-        aten.bmm.default, batched(scaled_q, queries, head_dim), batched(scaled_k, head_dim, keys)
+        aten.bmm.default, batched(scaled_q, group * queries, head_dim), batched(scaled_k, head_dim, keys)
     )
-    scores = build.call(aten.view.default, scores, [batch, heads, queries, keys])
+    scores = build.call(aten.view.default, scores, [batch, key_heads, group, queries, keys])
+    hidden = build.call(aten.full.default, [], float("-inf"), dtype=torch.float32)
     if is_causal:
         rows = build.call(aten.view.default, build.arange(queries), [queries, 1])
         columns = build.call(aten.view.default, build.arange(keys), [1, keys])
         visible = build.call(aten.le.Tensor, columns, rows)
-        hidden = build.call(aten.full.default, [], float("-inf"), dtype=torch.float32)
         scores = build.call(aten.where.self, visible, scores, hidden)
+    if mask is not None:
+        grouped_mask = _grouped(build, mask, key_heads, group)
+        if mask.meta["val"].dtype == torch.bool:
+            scores = build.call(aten.where.self, grouped_mask, scores, hidden)
+        else:
+            scores = build.call(aten.add.Tensor, scores, grouped_mask)
     probs = build.call(aten._softmax.default, scores, -1, False)
-    out = build.call(aten.bmm.default, batched(probs, queries, keys), batched(v, keys, value_dim))
+    if mask is not None:
+        row_max = build.call(aten.amax.default, scores, [-1], True)
+        all_hidden = build.call(aten.eq.Scalar, row_max, float("-inf"))
+        zero = build.call(aten.full.default, [], 0.0, dtype=torch.float32)
+        probs = build.call(aten.where.self, all_hidden, zero, probs)
+    out = build.call(aten.bmm.default, batched(probs, group * queries, keys), batched(v, keys, value_dim))
     out = build.call(aten.view.default, out, [batch, heads, queries, value_dim])
     # The flash kernel's output strides follow its inputs' layout: match them.
     strides = node.meta["val"][0].stride()
@@ -155,6 +193,17 @@ def _build_attention(build: GraphBuilder) -> None:
         user.replace_all_uses_with(out)
         build.graph.erase_node(user)
     build.graph.erase_node(node)
+
+
+def _grouped(build: GraphBuilder, mask: torch.fx.Node, key_heads: int, group: int) -> torch.fx.Node:
+    """``mask`` (broadcastable to [B, H, L, S]) as [B', Hk', g', L, S], to
+    broadcast against grouped scores [B, Hk, g, L, S]."""
+    shape = list(mask.meta["val"].shape)
+    shape = [1] * (4 - len(shape)) + shape
+    mask_batch, mask_heads, rows, columns = shape
+    if mask_heads == 1:
+        return build.call(aten.reshape.default, mask, [mask_batch, 1, 1, rows, columns])
+    return build.call(aten.reshape.default, mask, [mask_batch, key_heads, group, rows, columns])
 
 
 def _decomposed(node: torch.fx.Node, inputs: list[torch.fx.Node], *tensors: torch.Tensor) -> Any:
