@@ -134,3 +134,38 @@ def test_repeated_kv_heads_are_read_in_place():
     assert flash.args[1:3] == (placeholders[1], placeholders[2])
     assert not gm.graph.find_nodes(op="call_function", target=torch.ops.aten.expand.default)
     torch.testing.assert_close(gm(q, k, v, mask), expected, **TOLERANCE)
+
+
+def _causal_bool(length: int, diagonal: int = 0) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool).tril(diagonal)
+
+
+@pytest.mark.parametrize(
+    "make_mask, becomes_causal",
+    [
+        (lambda n: _causal_bool(n), True),
+        (lambda n: torch.zeros(n, n).masked_fill(~_causal_bool(n), float("-inf"))[None, None], True),
+        (lambda n: _causal_bool(n, diagonal=1), False),  # one key too many: not causal
+        (lambda n: torch.zeros(n, n).masked_fill(~_causal_bool(n), -1e4), False),  # not -inf
+    ],
+    ids=["bool", "float-4d", "shifted", "finite"],
+)
+def test_materialised_causal_mask_becomes_is_causal(make_mask, becomes_causal):
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=make_mask(q.shape[-2]))
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(attend, backend="tpu")(q, k, v), attend(q, k, v), **TOLERANCE)
+    # A causal build needs no guard against rows the mask hides entirely.
+    assert ("aten.amax.default" not in _island_ops()) == becomes_causal
+
+
+def test_mask_from_an_input_is_left_alone():
+    torch.manual_seed(0)
+    q, mask = torch.randn(2, 4, 6, 8), _causal_bool(6)
+    attend = lambda q, mask: F.scaled_dot_product_attention(q, q, q, attn_mask=mask)  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(attend, backend="tpu")(q, mask), attend(q, mask), **TOLERANCE)
+    assert "aten.amax.default" in _island_ops()

@@ -47,6 +47,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from tpu_inductor.passes.causal_masks import causal_masks_as_is_causal
 from tpu_inductor.passes.decompositions import ATTENTION_OPS, decomposition_table
 from tpu_inductor.passes.padding_safety import expr_of
 from tpu_inductor.passes.repeated_kv_heads import read_kv_heads_in_place
@@ -62,7 +63,7 @@ def decompose_attention(
 ) -> tuple[torch.fx.GraphModule, list[sympy.Symbol]]:
     """Replace kept-whole attention; return ``gm`` and the symbols whose real
     length it now takes as extra trailing inputs (in order)."""
-    gm = read_kv_heads_in_place(gm)
+    gm = read_kv_heads_in_place(causal_masks_as_is_causal(gm))
     graph = gm.graph
     nodes = [n for n in graph.nodes if n.op == "call_function" and n.target in ATTENTION_OPS]
     if not nodes:

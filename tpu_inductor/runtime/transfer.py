@@ -22,9 +22,8 @@ step, BatchNorm's running stats) bumps their version counter.
 from __future__ import annotations
 
 import collections
-import functools
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -130,18 +129,23 @@ class HostViews:
             # XLA copied it (a misaligned storage offset): a kept copy would go stale.
             self._turnover[position] = self._TURNOVER_LIMIT
             return buffer
-        self._kept[position] = (
-            weakref.ref(tensor, functools.partial(self._tensor_died, position)),
-            tensor.data_ptr(),
-            buffer,
-        )
+        self._kept[position] = (weakref.ref(tensor, self._forget_when_dead(position)), tensor.data_ptr(), buffer)
         return buffer
 
-    def _tensor_died(self, position: int, ref: weakref.ref) -> None:
-        entry = self._kept[position] if position < len(self._kept) else None
-        if entry is not None and entry[0] is ref:
-            self._kept[position] = None
-            self._turnover[position] += 1
+    def _forget_when_dead(self, position: int) -> Callable[[weakref.ref], None]:
+        # Holds the views weakly: a callback holding them would make a cycle
+        # (views -> entry -> weakref -> callback -> views) that keeps the
+        # kept storage alive until the garbage collector runs.
+        views = weakref.ref(self)
+
+        def forget(ref: weakref.ref) -> None:
+            owner = views()
+            entry = owner._kept[position] if owner is not None and position < len(owner._kept) else None
+            if entry is not None and entry[0] is ref:
+                owner._kept[position] = None
+                owner._turnover[position] += 1
+
+        return forget
 
     def _import(self, tensor: torch.Tensor) -> Any:
         return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), self._device, None)
