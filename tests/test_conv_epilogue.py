@@ -62,7 +62,7 @@ def test_affine_residual_and_relu_fold_into_the_convolutions():
 
     fused = list(gm.graph.find_nodes(op="call_function", target=convolution_pointwise_channels_last))
     assert len(fused) == 2 and set(chosen) == set(fused)
-    assert [n.args[-1] for n in fused] == ["relu", "relu"]
+    assert [n.args[8] for n in fused] == ["relu", "relu"]
     assert fused[0].args[3] is None and fused[1].args[3] is not None  # the second adds the residual
     assert "per-channel affine + add + relu" in chosen[fused[1]]
     # Nothing of the epilogues is left on the activations (NCHW or NHWC).
@@ -70,6 +70,27 @@ def test_affine_residual_and_relu_fold_into_the_convolutions():
         if node.target in (aten.relu.default, aten.add.Tensor, aten.mul.Tensor):
             assert tuple(node.meta["val"].shape) not in {(2, 8, 6, 6), (2, 6, 6, 8)}, node.format_node()
     torch.testing.assert_close(gm(*inputs), block(*inputs), **TOLERANCE)
+
+
+def test_relu6_folds_as_hardtanh_with_and_without_a_residual():
+    """MobileNets: conv + BatchNorm + ReLU6 (``hardtanh(0, 6)``) folds. After
+    a residual add it stays unfused (oneDNN's binary variant takes ReLU
+    alone). The inputs are scaled so that many outputs clamp at 6."""
+
+    def block6(x, w1, w2, scale, shift, bias):
+        y = F.relu6(F.conv2d(x, w1, padding=1) * scale + shift)
+        return F.hardtanh(F.conv2d(y, w2, bias, padding=1) * scale + shift + y, -2.0, 6.0)
+
+    x, w1, w2, scale, shift, bias = _inputs()
+    inputs = (x * 3, w1, w2, scale, shift, bias)
+    gm, _ = _fused(block6, inputs)
+    fused = list(gm.graph.find_nodes(op="call_function", target=convolution_pointwise_channels_last))
+    assert [(n.args[8], n.args[9]) for n in fused] == [("hardtanh", [0.0, 6.0]), ("none", [])]
+    (unfused,) = gm.graph.find_nodes(op="call_function", target=aten.hardtanh.default)
+    assert unfused.args[1:] == (-2.0, 6.0)
+    expected = block6(*inputs)
+    assert (expected == 6).float().mean() > 0.1
+    torch.testing.assert_close(gm(*inputs), expected, **TOLERANCE)
 
 
 def test_a_value_read_elsewhere_stays_unfused():

@@ -19,6 +19,7 @@ from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
+from tpu_inductor.passes.pad_into_convolution import pad_into_convolution
 from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
 from tpu_inductor.passes.wrap_negative_indices import wrap_negative_indices
 
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 
 GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
-# Correctness rewrites first (each works around a wrong lowering), then cleanup.
+# Correctness rewrites first (each works around a wrong lowering), then
+# simplification and cleanup.
 PIPELINE: tuple[GraphPass, ...] = (
     scalar_tensor_as_full,
     empty_as_zeros,
@@ -34,6 +36,7 @@ PIPELINE: tuple[GraphPass, ...] = (
     wrap_negative_indices,
     clamp_slice_bounds,
     as_strided_as_gather,
+    pad_into_convolution,
     remove_dead_code,
 )
 

@@ -18,7 +18,7 @@ exposes. So:
   running-stat update is always seen (``freeze_parameters`` keeps it while
   they are unchanged, passes/frozen_parameters.py);
 - a following ``+ other`` of the output's shape is the binary post-op;
-- a following ``relu`` is the eltwise post-op.
+- a following ``relu`` or ``hardtanh`` (ReLU6) is the eltwise post-op.
 
 The folded weight is produced stored [K, kh, kw, C] (its channels-last form),
 so oneDNN does not reorder it on each call as it does an NCHW weight under a
@@ -69,10 +69,12 @@ def convolution_pointwise_channels_last(
     dilation: Sequence[int],
     groups: int,
     unary: str,
+    unary_scalars: Sequence[float] = (),
 ) -> torch.Tensor:
     """``unary(convolution(input, weight) + bias + other)`` on tensors stored
     [N, H, W, C] (the weight [K, kh, kw, C]); the result is stored [N, H', W', K].
-    ``unary`` is ``"relu"`` or ``"none"``; ``other`` may be None."""
+    ``unary`` is ``"relu"``, ``"hardtanh"`` (``unary_scalars``: its min and
+    max) or ``"none"``; ``other`` may be None."""
     mkldnn = torch.ops.mkldnn
     # Contiguous [N, H, W, C] storage is the NCHW tensor with channels-last
     # strides that oneDNN's NHWC kernel reads without a reorder.
@@ -81,11 +83,13 @@ def convolution_pointwise_channels_last(
     # The binary variant has no fake kernel in PyTorch; its output has the
     # unary variant's shape and strides.
     if other is None or isinstance(input, FakeTensor):
-        output = mkldnn._convolution_pointwise(x, w, bias, padding, stride, dilation, groups, unary, [], "")
+        output = mkldnn._convolution_pointwise(
+            x, w, bias, padding, stride, dilation, groups, unary, list(unary_scalars), ""
+        )
     else:
         output = mkldnn._convolution_pointwise.binary(
             x, other.contiguous().permute(FROM_CHANNELS_LAST), w, bias, padding, stride, dilation, groups,
-            "add", None, None if unary == "none" else unary, [], "",
+            "add", None, None if unary == "none" else unary, list(unary_scalars), "",
         )
     return output.permute(TO_CHANNELS_LAST)
 
@@ -99,6 +103,7 @@ class _Epilogue:
     shift: Optional[torch.fx.Node] = None
     other: Optional[torch.fx.Node] = None
     unary: str = "none"
+    unary_scalars: tuple[float, ...] = ()
 
     def describe(self) -> str:
         parts = []
@@ -157,6 +162,10 @@ def _match(conv: torch.fx.Node) -> Optional[_Epilogue]:
             step = _only_reader(step)
     if _is(step, aten.relu.default):
         epilogue.unary, epilogue.last = "relu", step
+    elif _is(step, aten.hardtanh.default) and epilogue.other is None:
+        # ReLU6 (MobileNets); oneDNN's binary variant takes ReLU alone after its add.
+        bounds = (*step.args[1:], -1.0, 1.0)[:2] if len(step.args) > 1 else (-1.0, 1.0)
+        epilogue.unary, epilogue.unary_scalars, epilogue.last = "hardtanh", tuple(map(float, bounds)), step
     return None if epilogue.last is conv else epilogue
 
 
@@ -210,7 +219,7 @@ def _rewrite(graph: torch.fx.Graph, conv: torch.fx.Node, epilogue: _Epilogue) ->
         fused = builder.call(
             convolution_pointwise_channels_last,
             source, weight_ohwi, bias, epilogue.other,
-            list(stride), list(padding), list(dilation), groups, epilogue.unary,
+            list(stride), list(padding), list(dilation), groups, epilogue.unary, list(epilogue.unary_scalars),
         )
     epilogue.last.replace_all_uses_with(fused)
     return fused
