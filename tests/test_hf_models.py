@@ -124,6 +124,24 @@ def test_inference_matches_eager(model_type: str, head: str, tmp_path) -> None:
     _assert_backend(*INFERENCE[model_type, head])
 
 
+@pytest.mark.parametrize("model_type", ["mistral", "gpt2"])
+def test_causal_lm_without_attention_mask_matches_eager(model_type: str, tmp_path) -> None:
+    """No mask: transformers calls SDPA with ``is_causal`` (and, for Mistral's
+    4 query heads over 2 key/value heads, ``enable_gqa``) instead of a mask
+    and ``repeat_kv``; the built attention once assumed as many key heads as
+    query heads and the compile failed."""
+    torch._dynamo.reset()
+    model, inputs, _ = _prepare(model_type, "causal_lm")
+    inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+    with torch.no_grad():
+        expected = model(**inputs)
+        report.reset()
+        actual = _compile(model, tmp_path)(**inputs)
+    problems = compare(expected, actual, **TOLERANCE)
+    assert not problems, problems
+    _assert_backend(frozenset(), 0)
+
+
 @pytest.mark.parametrize("model_type", list(TRAIN))
 def test_causal_lm_train_step_matches_eager(model_type: str, tmp_path) -> None:
     torch._dynamo.reset()
