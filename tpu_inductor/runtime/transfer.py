@@ -4,13 +4,13 @@ On the CPU client torch and XLA share host memory, so tensors cross through
 DLPack without copies in either direction. Only what XLA cannot alias is
 copied: broadcast (stride-0) or otherwise non-dense layouts are made
 contiguous first, and XLA itself copies buffers whose data pointer is not
-suitably aligned (storage offsets). CUDA tensors cross to jax's CUDA client
-the same way, after torch's stream has finished producing them.
-
-On the CPU client, :class:`HostViews` keeps the view of a tensor that comes
-back call after call (parameters, buffers, a reused input), and
-:func:`result_handler` turns outputs into arrays in C++: together they take
-an executable call from ~15 us to ~6 us on a tiny graph.
+suitably aligned (storage offsets). :class:`HostViews` keeps the view of a
+tensor that comes back call after call (parameters, buffers, a reused
+input), :func:`result_handler` turns outputs into arrays in C++ and
+:func:`host_tensor` hands them to torch: together they take an executable
+call from ~15 us to ~6 us on a tiny graph. CUDA tensors cross to jax's CUDA
+client through DLPack too (:func:`to_device`), after torch's stream has
+finished producing them.
 
 Where memory is not shared (a TPU, or any client with ``zero_copy=False``),
 tensors are uploaded, and :class:`ResidentBuffers` keeps the device copy of
@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from jaxlib import _jax
-from torch.utils.dlpack import from_dlpack, to_dlpack
+from torch.utils.dlpack import to_dlpack
 
 from tpu_inductor.runtime.platform import Platform
 
@@ -148,6 +148,9 @@ class HostViews:
         return forget
 
     def _import(self, tensor: torch.Tensor) -> Any:
+        # to_dlpack rather than tensor.__dlpack__: the same capsule without the
+        # Python-level checks (4 us less per argument); parameters that require
+        # grad are fine to alias, XLA only reads them.
         return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), self._device, None)
 
 
@@ -181,7 +184,11 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 
 def host_tensor(array: Any) -> torch.Tensor:
-    """The torch view of a host-memory result array; waits until it is computed."""
+    """The torch view of a host-memory result array.
+
+    The capsule straight from jaxlib (``jax.Array.__dlpack__`` costs 4 us
+    more); taking it waits until the computation that defines the array is
+    done."""
     return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(array))
 
 
@@ -192,14 +199,10 @@ def _version_of(tensor: torch.Tensor) -> Optional[int]:
 
 
 def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[ResidentBuffers] = None) -> Any:
-    """A PJRT buffer holding ``tensor``'s values (aliasing it where possible)."""
+    """A PJRT buffer holding ``tensor``'s values on a client that does not share
+    host memory with torch (the CPU client's arguments go through :class:`HostViews`)."""
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    if platform.shares_host_memory and tensor.is_cpu:
-        # to_dlpack rather than tensor.__dlpack__: the same capsule without the
-        # Python-level checks (4 us less per argument); parameters that require
-        # grad are fine to alias, XLA only reads them.
-        return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), platform.device, None)
     if platform.shares_cuda_memory and tensor.device.type == "cuda":
         # XLA runs on its own stream: wait until torch's stream has written the data.
         torch.cuda.current_stream(tensor.device).synchronize()
@@ -227,11 +230,8 @@ def _upload(tensor: torch.Tensor, platform: Platform) -> Any:
 
 
 def to_torch(buffer: Any, platform: Platform) -> torch.Tensor:
-    """A torch tensor holding ``buffer``'s values (aliasing it where possible)."""
-    if platform.shares_host_memory:
-        # The capsule straight from jaxlib: jax.Array.__dlpack__ costs 4 us more.
-        # Taking it waits until the computation that defines the buffer is done.
-        return from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
+    """A torch tensor holding ``buffer``'s values, from a client that does not
+    share host memory with torch (the CPU client's results: :func:`host_tensor`)."""
     if platform.shares_cuda_memory:
         # torch.from_dlpack passes torch's current stream, so jax makes it wait
         # for the XLA computation before torch reads the result.
