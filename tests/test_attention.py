@@ -169,3 +169,16 @@ def test_mask_from_an_input_is_left_alone():
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(attend, backend="tpu")(q, mask), attend(q, mask), **TOLERANCE)
     assert "aten.amax.default" in _island_ops()
+
+
+def test_grouped_query_attention_over_changing_lengths_matches_eager():
+    """Symbolic lengths take the padded-keys attention: it must broadcast the
+    key/value heads over their query heads too (it once raised)."""
+    torch.manual_seed(0)
+    model = GroupedQueryAttention(repeat=False).eval()
+    compiled = torch.compile(model, backend="tpu", options={"cache": False}, dynamic=True)
+    with torch.no_grad():
+        for length in (5, 7, 12, 9):
+            x = torch.randn(2, length, 32)
+            torch.testing.assert_close(compiled(x), model(x), **TOLERANCE)
+    assert not [f for graph in report.current().graphs for f in graph.fallbacks]

@@ -229,14 +229,19 @@ def _attention_masking_padded_keys(q, k, v, valid_keys, scale: Optional[float]):
         root = math.sqrt(1.0 / math.sqrt(head_dim))
     else:  # a symbolic head size: compute the scale on the device
         root = torch.rsqrt(torch.sqrt(torch.scalar_tensor(head_dim, dtype=q.dtype)))
-    scores = (q * root) @ (k.transpose(-2, -1) * root)
-    rows = torch.arange(q.size(-2), device=q.device).unsqueeze(-1)
+    # Grouped key/value heads (fewer than the query heads) broadcast over
+    # the query heads they serve: [B, Hk, g, L, D] against [B, Hk, 1, S, D].
+    batch, heads, queries = q.shape[:3]
+    key_heads = k.size(1)
+    grouped_q = q.reshape(batch, key_heads, heads // key_heads, queries, head_dim)
+    scores = (grouped_q * root) @ (k.unsqueeze(2).transpose(-2, -1) * root)
+    rows = torch.arange(queries, device=q.device).unsqueeze(-1)
     cols = torch.arange(k.size(-2), device=q.device).unsqueeze(0)
     scores = torch.where(cols <= rows, scores, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     real_keys = (torch.arange(k.size(-2), device=q.device) < valid_keys).unsqueeze(-1)
-    out = probs @ torch.where(real_keys, v, 0)
-    return out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3), probs
+    out = (probs @ torch.where(real_keys, v, 0).unsqueeze(2)).reshape(batch, heads, queries, v.size(-1))
+    return out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3), probs.reshape(batch, heads, queries, -1)
 
 
 def _length_input(
