@@ -48,7 +48,12 @@ import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_inductor.passes.causal_masks import causal_masks_as_is_causal
-from tpu_inductor.passes.decompositions import ATTENTION_OPS, decomposition_table
+from tpu_inductor.passes.decompositions import (
+    ATTENTION_OPS,
+    CPU_FLASH_ATTENTION,
+    decomposition_table,
+    flash_attention_flags,
+)
 from tpu_inductor.passes.padding_safety import expr_of
 from tpu_inductor.passes.repeated_kv_heads import read_kv_heads_in_place
 from tpu_inductor.passes.rewrite import GraphBuilder
@@ -102,10 +107,9 @@ def _built_directly(node: torch.fx.Node) -> bool:
     by node (:func:`_build_attention`) rather than traced through PyTorch's
     decomposition, which took ~20 ms of make_fx per attention on the decoder's
     cold compile and repeats grouped key/value heads in memory."""
-    if node.target is not _FLASH:
+    if node.target is not CPU_FLASH_ATTENTION:
         return False
-    dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
-    is_causal = node.args[4] if len(node.args) > 4 else node.kwargs.get("is_causal", False)
+    dropout, is_causal = flash_attention_flags(node)
     mask = node.kwargs.get("attn_mask")
     values = [a.meta.get("val") for a in node.args[:3]]
     if dropout != 0.0 or not all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in values):
@@ -123,7 +127,6 @@ def _built_directly(node: torch.fx.Node) -> bool:
     return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
 
 
-_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 _MASK_DTYPES = frozenset({torch.bool, torch.float32})
 
 
@@ -145,7 +148,7 @@ def _build_attention(build: GraphBuilder) -> None:
     softmax is the same."""
     node = build.anchor
     q, k, v = node.args[:3]
-    is_causal = node.args[4] if len(node.args) > 4 else node.kwargs.get("is_causal", False)
+    _, is_causal = flash_attention_flags(node)
     mask = node.kwargs.get("attn_mask")
     batch, heads, queries, head_dim = q.meta["val"].shape
     key_heads, keys, value_dim = v.meta["val"].shape[1:]

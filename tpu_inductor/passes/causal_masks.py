@@ -33,9 +33,10 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
+
 aten = torch.ops.aten
 
-_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 _MAX_MASK_ELEMENTS = 1 << 24
 """Larger masks are not evaluated at compile time (64 MiB of float32)."""
 
@@ -43,18 +44,19 @@ _MAX_MASK_ELEMENTS = 1 << 24
 def causal_masks_as_is_causal(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Turn each CPU attention's constant causal mask into ``is_causal=True``."""
     changed = False
-    for node in gm.graph.find_nodes(op="call_function", target=_FLASH):
+    values: dict[torch.fx.Node, Optional[torch.Tensor]] = {}  # one evaluation per mask, shared by layers
+    for node in gm.graph.find_nodes(op="call_function", target=CPU_FLASH_ATTENTION):
         mask = node.kwargs.get("attn_mask")
-        is_causal = node.args[4] if len(node.args) > 4 else node.kwargs.get("is_causal", False)
+        dropout, is_causal = flash_attention_flags(node)
         if mask is None or is_causal:
             continue
         queries, keys = node.args[0].meta["val"].shape[-2], node.args[1].meta["val"].shape[-2]
         # Compilers run under the tracing fake mode: the evaluation is real.
         with unset_fake_temporarily():
-            value = _constant_value(gm, mask)
-            if value is None or not _is_causal_mask(value, queries, keys):
+            if mask not in values:
+                values[mask] = _constant_value(gm, mask)
+            if values[mask] is None or not _is_causal_mask(values[mask], queries, keys):
                 continue
-        dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
         node.args = (*node.args[:3], dropout, True)
         node.kwargs = {k: v for k, v in node.kwargs.items() if k not in ("attn_mask", "dropout_p", "is_causal")}
         changed = True

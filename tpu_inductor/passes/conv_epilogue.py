@@ -164,9 +164,12 @@ def _match(conv: torch.fx.Node) -> Optional[_Epilogue]:
         epilogue.unary, epilogue.last = "relu", step
     elif _is(step, aten.hardtanh.default) and epilogue.other is None:
         # ReLU6 (MobileNets); oneDNN's binary variant takes ReLU alone after its add.
-        bounds = (*step.args[1:], -1.0, 1.0)[:2] if len(step.args) > 1 else (-1.0, 1.0)
-        epilogue.unary, epilogue.unary_scalars, epilogue.last = "hardtanh", tuple(map(float, bounds)), step
+        min_val, max_val = (*step.args[1:], *_HARDTANH_DEFAULTS[len(step.args) - 1 :])[:2]
+        epilogue.unary, epilogue.unary_scalars, epilogue.last = "hardtanh", (float(min_val), float(max_val)), step
     return None if epilogue.last is conv else epilogue
+
+
+_HARDTANH_DEFAULTS = (-1.0, 1.0)  # aten.hardtanh's min_val, max_val
 
 
 def _only_reader(node: torch.fx.Node) -> Optional[torch.fx.Node]:

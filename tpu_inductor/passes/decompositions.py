@@ -370,9 +370,19 @@ _OURS: dict = {
 # Attention ops inference graphs keep whole through tracing, so the padding
 # analysis of dynamic shapes sees ``is_causal`` (passes/padding_safety.py) and
 # passes/attention.py builds them from ATen ops, faster than tracing them.
-ATTENTION_OPS = frozenset(
-    {aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default}
-)
+CPU_FLASH_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
+"""``(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)``;
+it takes fewer key/value heads than query heads as they are."""
+
+ATTENTION_OPS = frozenset({aten.scaled_dot_product_attention.default, CPU_FLASH_ATTENTION})
+
+
+def flash_attention_flags(node: "torch.fx.Node") -> tuple[float, bool]:
+    """``(dropout_p, is_causal)`` of a :data:`CPU_FLASH_ATTENTION` node, passed
+    by position or by keyword."""
+    dropout = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    is_causal = node.args[4] if len(node.args) > 4 else node.kwargs.get("is_causal", False)
+    return dropout, is_causal
 
 
 def _inductor_prims() -> dict:

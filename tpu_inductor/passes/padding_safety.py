@@ -46,6 +46,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.errors import user_source_line
+from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -232,7 +233,6 @@ _FACTORIES = {
     aten.new_empty_strided.default: ("size", "stride"),
     aten.scalar_tensor.default: (),
 }
-_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 class _Analyzer:
@@ -386,7 +386,7 @@ class _Analyzer:
         """Set the node's layout; return the argument names that hold sizes."""
         target = node.target
         # The attention op is tagged random for its dropout; its rule checks dropout_p.
-        if torch.Tag.nondeterministic_seeded in target.tags and target is not _ATTENTION:
+        if torch.Tag.nondeterministic_seeded in target.tags and target is not CPU_FLASH_ATTENTION:
             self._unknown(node, "is random: padded shapes would draw different numbers")
             return ()
         if target._schema.is_mutable:
@@ -863,14 +863,13 @@ def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, 
 
 
 def _rule_attention(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not _ATTENTION:
+    if target is not CPU_FLASH_ATTENTION:
         return None
     q, k, v = (a.layout(x) for x in node.args[:3])
     if q is None or k is None or v is None or not len(q) == len(k) == len(v) == 4:
         a._unknown(node)
         return ()
-    dropout = _arg(node, "dropout_p", 3, 0.0)
-    is_causal = bool(_arg(node, "is_causal", 4, False))
+    dropout, is_causal = flash_attention_flags(node)
     mask = node.kwargs.get("attn_mask")
     for i in (0, 1):
         if not q[i] == k[i] == v[i]:

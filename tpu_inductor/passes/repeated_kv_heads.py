@@ -29,16 +29,17 @@ from typing import Optional
 import torch
 import torch.fx
 
+from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION
+
 aten = torch.ops.aten
 
-_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 _MERGES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 
 
 def read_kv_heads_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Point each CPU attention at the key/value heads its inputs repeat."""
     changed = False
-    for node in gm.graph.find_nodes(op="call_function", target=_FLASH):
+    for node in gm.graph.find_nodes(op="call_function", target=CPU_FLASH_ATTENTION):
         key, value = (_unrepeated(arg) for arg in node.args[1:3])
         if key is None or value is None or key[1] != value[1]:
             continue
