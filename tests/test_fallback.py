@@ -87,6 +87,23 @@ def test_independent_lowerable_nodes_share_an_island():
     assert len(graph.islands) == 1
 
 
+def test_a_weight_view_runs_in_the_island_that_reads_it():
+    """``t(w)`` depends on nothing computed, but its matmul runs after an eager
+    op: the view goes with the matmul (where XLA folds it into the dot), not
+    into the first island (which would write the transposed weight out on
+    every call)."""
+
+    def f(a, w):
+        return torch.special.i0(a.sin()).mm(w.t())  # sin: an island ahead of the eager op
+
+    a, w = torch.randn(4, 8), torch.randn(16, 8)
+    torch.testing.assert_close(compiled(f)(a, w), f(a, w))
+    (graph,) = report.current().graphs
+    (with_matmul,) = [i for i in graph.islands if "aten.mm.default" in i.ops]
+    assert any(op in with_matmul.ops for op in ("aten.t.default", "aten.permute.default"))
+    assert all("aten.t.default" not in i.ops and "aten.permute.default" not in i.ops for i in graph.islands if i is not with_matmul)
+
+
 def test_fallback_record_names_op_reason_and_source_line():
     a = torch.randn(4, 8)
     compiled(one_fallback)(a)
