@@ -274,12 +274,12 @@ def _sink_input_layouts(gm: torch.fx.GraphModule, group: dict[torch.fx.Node, tup
     dot's dimension numbers). transformers' ResNet-18 at batch 8, 64x64:
     its first island wrote 8.4M transposed weights a call, 38.5 ms.
     """
-    views_of_inputs: list[torch.fx.Node] = []
+    views_of_inputs: dict[torch.fx.Node, None] = {}  # in graph order; a set's lookups keep this linear
     for node in gm.graph.nodes:
         if node in group and node.target in LAYOUT_OPS and all(
             m.op in ("placeholder", "get_attr") or m in views_of_inputs for m in node.all_input_nodes
         ):
-            views_of_inputs.append(node)
+            views_of_inputs[node] = None
     for node in reversed(views_of_inputs):  # readers first: a chain of views moves whole
         readers = {group.get(user) for user in node.users}
         if len(readers) == 1 and None not in readers:  # not read by eager code, the output or two islands
