@@ -73,21 +73,19 @@ def _constant_value(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Optional[t
         return None
     if value.numel() > _MAX_MASK_ELEMENTS:
         return None
-    ancestors: list[torch.fx.Node] = []
-    seen: set[torch.fx.Node] = set()
+    ancestors: set[torch.fx.Node] = set()
     stack = [node]
     while stack:
         current = stack.pop()
-        if current in seen:
+        if current in ancestors:
             continue
-        seen.add(current)
-        if current.op == "placeholder" or (current.op == "call_function" and not isinstance(current.target, torch._ops.OpOverload)):
+        ancestors.add(current)
+        if current.op == "get_attr":
+            continue
+        if current.op != "call_function" or not isinstance(current.target, torch._ops.OpOverload):
             return None  # a graph input, or symbolic-size arithmetic
-        if current.op not in ("call_function", "get_attr"):
-            return None
-        if current.op == "call_function" and torch.Tag.nondeterministic_seeded in current.target.tags:
+        if torch.Tag.nondeterministic_seeded in current.target.tags:
             return None  # a random mask differs from call to call
-        ancestors.append(current)
         stack.extend(current.all_input_nodes)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     values: dict[torch.fx.Node, object] = {}
