@@ -14,7 +14,9 @@ from typing import Callable
 
 import torch
 
+from tpu_inductor.passes.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
 from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
+from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
@@ -75,71 +77,6 @@ def _broadcast_shift(tensor_op):
         return tensor_op(a.expand(shape), amount.expand(shape))
 
     return shift
-
-
-def _conv1d_backward_as_2d(
-    grad_output, input, weight, bias_sizes, stride, padding, dilation,
-    transposed, output_padding, groups, output_mask,
-):
-    """1-d ``convolution_backward`` as the 2-d one on a unit height.
-
-    torch-mlir lowers the 2-d backward but not the 1-d one; a ``[N, C, W]``
-    convolution is exactly a ``[N, C, 1, W]`` one with a ``1 x k`` kernel.
-    Grouped ones (depthwise, as in Mamba's and gated delta nets' short
-    convolutions) it rejects in either form: see :func:`_grouped_conv1d_backward`.
-    """
-    if input.dim() != 3:
-        return NotImplemented
-    if groups > 1 and not transposed:
-        return _grouped_conv1d_backward(
-            grad_output, input, weight, stride[0], padding[0], dilation[0], groups, output_mask
-        )
-    grad_input, grad_weight, grad_bias = aten.convolution_backward.default(
-        grad_output.unsqueeze(2), input.unsqueeze(2), weight.unsqueeze(2), bias_sizes,
-        [1, *stride], [0, *padding], [1, *dilation], transposed, [0, *output_padding],
-        groups, output_mask,
-    )
-    return (
-        None if grad_input is None else grad_input.squeeze(2),
-        None if grad_weight is None else grad_weight.squeeze(2),
-        grad_bias,
-    )
-
-
-def _grouped_conv1d_backward(grad_output, input, weight, stride, padding, dilation, groups, output_mask):
-    """Gradients of a grouped 1-d convolution as a transposed convolution and a contraction.
-
-    The input gradient is the transposed convolution of ``grad_output`` with
-    the same weight (output padding restores the input length). The weight
-    gradient sums, over batch and positions, ``grad_output[n, o, t] *
-    x[n, i, t * stride + k * dilation]`` within each group: the input's
-    windows gathered by position, then one einsum.
-    """
-    batch, in_channels, length = input.shape
-    out_channels, group_in, kernel = weight.shape
-    out_length = grad_output.shape[-1]
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        natural = (out_length - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1
-        grad_input = aten.convolution.default(
-            grad_output, weight, None, [stride], [padding], [dilation], True, [length - natural], groups
-        )
-    if output_mask[1]:
-        padded = torch.nn.functional.pad(input, (padding, padding))
-        windows = padded.index_select(2, _window_positions(out_length, stride, kernel, dilation, input.device))
-        windows = windows.view(batch, groups, group_in, out_length, kernel)
-        per_group = grad_output.view(batch, groups, out_channels // groups, out_length)
-        grad_weight = torch.einsum("ngot,ngitk->goik", per_group, windows).reshape(out_channels, group_in, kernel)
-    if output_mask[2]:
-        grad_bias = grad_output.sum((0, 2))
-    return grad_input, grad_weight, grad_bias
-
-
-def _window_positions(windows: int, step: int, taps: int, spacing: int, device) -> torch.Tensor:
-    """Positions ``w * step + k * spacing`` of sliding windows, window-major, flattened."""
-    starts = torch.arange(windows, device=device) * step
-    offsets = torch.arange(taps, device=device) * spacing
-    return (starts.unsqueeze(1) + offsets).flatten()
 
 
 def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -271,7 +208,7 @@ def _unfold_by_gather(x, dimension: int, size: int, step: int):
         return NotImplemented
     dim = dimension % x.dim()
     windows = (x.shape[dim] - size) // step + 1
-    positions = _window_positions(windows, step, size, 1, x.device)
+    positions = window_positions(windows, step, size, 1, x.device)
     return x.index_select(dim, positions).unflatten(dim, (windows, size)).movedim(dim + 1, -1)
 
 
@@ -348,7 +285,6 @@ _OURS: dict = {
     aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
     aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
-    aten.convolution_backward.default: _conv1d_backward_as_2d,
     aten.diagonal.default: _diagonal_by_gather,
     aten.unfold.default: _unfold_by_gather,
     aten.reciprocal.default: _integer_reciprocal,
@@ -436,6 +372,8 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)
+    table.update(FAST_PATH_DECOMPOSITIONS)
     table.update(_inductor_prims())
     table.update(grouped_matmuls)
     for op in LEFT_TO_TORCH_MLIR:
