@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -18,20 +19,27 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from tpu_inductor import report
-from tpu_inductor.compiled_graph import CompileContext, compile_graph
-from tpu_inductor.config import Config
+from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_graph
+from tpu_inductor.config import Config, check_mode
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason
+from tpu_inductor.errors import TpuInductorError
 from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.in_place_updates import in_place_update_reason
 from tpu_inductor.reporting import hooks
+
+log = logging.getLogger(__name__)
 
 
 def tpu_backend(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
     options: Optional[Mapping[str, Any]] = None,
+    mode: Optional[str] = None,
 ) -> Callable[..., Any]:
-    """Compile one Dynamo graph; ``options`` come from ``torch.compile(options=...)``."""
+    """Compile one Dynamo graph; ``options`` and ``mode`` come from
+    ``torch.compile(options=...)`` / ``torch.compile(mode=...)``
+    (:data:`~tpu_inductor.config.COMPILE_MODES` says what each mode means here)."""
+    check_mode(mode)
     context = CompileContext.create(Config.load(options), example_inputs)
     dims = dynamic_dims(gm)
     dynamo_trace = report.record_trace(dims, recompile_reason())
@@ -107,6 +115,18 @@ def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, tra
     # Backward graphs compile at the first backward call, after Dynamo's trace
     # is over: the trace record travels with the compiler.
     with report.within_trace(trace), report.stage("backend"):
-        compiled = compile_graph(gm, example_inputs, kind, context)
+        try:
+            compiled = compile_graph(gm, example_inputs, kind, context)
+        except TpuInductorError:  # strict mode, config, budget: raised on purpose
+            raise
+        except Exception as exc:  # a failure no retry caught must not fail the user's call
+            if context.config.strict:
+                raise
+            log.warning(
+                "tpu_inductor: compiling the %s graph failed (%s: %s); it runs in eager PyTorch",
+                kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            compiled = eager_graph(gm, kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}")
     hooks.on_graph_compiled()
     return compiled

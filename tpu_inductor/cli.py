@@ -59,6 +59,7 @@ def _cache_info(args: argparse.Namespace) -> int:
         "saves_seconds": round(sum(e.saves_seconds for e in entries), 3),
         "unreadable": sum(not e.readable for e in entries),
         "incomplete_writes": cache.incomplete_writes(),
+        "learned_unsupported": cache.learned_unsupported(),
     }
     if args.json:
         print(json.dumps(info, indent=1))
@@ -76,18 +77,22 @@ def _cache_info(args: argparse.Namespace) -> int:
             f"damaged:     {info['unreadable']} unreadable entries, {info['incomplete_writes']} "
             "temporary directories of writes in progress or interrupted (prune removes them)"
         )
+    learned = info["learned_unsupported"]
+    confirmed = sum(bool(e.get("confirmed")) for e in learned)
+    print(f"learned:     {len(learned)} op call(s) that failed to lower alone ({confirmed} confirmed by a second process)")
+    for entry in learned:
+        state = "confirmed" if entry.get("confirmed") else "re-probed by the next process"
+        print(f"  {entry['signature']}: {entry.get('reason')} [{state}]")
     return 0
 
 
 def _cache_clear(args: argparse.Namespace) -> int:
     cache = _open_cache(args)
+    learned = cache.side_files()
     removed = cache.clear()
-    learned = list(Path(cache.root).glob("learned_unsupported-*.json"))
-    for path in learned:
-        path.unlink(missing_ok=True)
     repros = _cache_clear_repros(cache.root)
     print(f"removed {removed} entries from {cache.root}" + (
-        f" and {len(learned)} learned-unsupported-op file(s)" if learned else ""
+        f" and {len(learned)} learned file(s) (unsupported ops, kernel timings)" if learned else ""
     ) + (f" and {repros} reproducer bundle(s)" if repros else ""))
     return 0
 

@@ -12,6 +12,7 @@ shared.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -24,9 +25,9 @@ from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
 from tpu_inductor.errors import LoweringError, describe_node
 from tpu_inductor.lowering.cache import lower_cached
-from tpu_inductor.lowering.culprits import find_culprits
+from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
-from tpu_inductor.lowering.support import SupportTable
+from tpu_inductor.lowering.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
@@ -41,7 +42,7 @@ from tpu_inductor.runtime import (
     get_platform,
     select_platform,
 )
-from tpu_inductor.runtime.disk_cache import DiskCache
+from tpu_inductor.runtime.disk_cache import LEARNED_UNSUPPORTED, DiskCache
 from tpu_inductor.runtime.executable import TensorSpec, versions_digest
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def _support_table(cache_root) -> SupportTable:
     if key not in _support_tables:
         # What failed with one torch-mlir/XLA (or one version of our lowering
         # code) may lower with the next: one file per versions + source digest.
-        name = f"learned_unsupported-{versions_digest()}.json"
+        name = LEARNED_UNSUPPORTED.format(digest=versions_digest())
         _support_tables[key] = SupportTable(cache_root / name if cache_root else None)
     return _support_tables[key]
 
@@ -212,6 +213,23 @@ def compile_graph(
     return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters))
 
 
+def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:
+    shapes = [
+        tuple(n.meta["val"].shape)
+        for n in gm.graph.find_nodes(op="placeholder")
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    return report.new_graph_record(kind, num_nodes=len(gm.graph.nodes), input_shapes=shapes)
+
+
+def eager_graph(gm: torch.fx.GraphModule, kind: str, reason: str) -> "_BoxedGraph":
+    """``gm`` run by PyTorch as it is, recorded as one fallback with ``reason``."""
+    record = _graph_record(gm, kind)
+    record.fallbacks.append(report.FallbackRecord("whole graph", reason, None))
+    gm.meta[_RECORD_KEY] = record
+    return _BoxedGraph(gm)
+
+
 def _parameter_inputs() -> tuple[int, ...]:
     """Positions of the graph inputs that are parameters and buffers, as
     AOTAutograd learnt them from Dynamo (the same list Inductor's CUDA graphs use)."""
@@ -231,23 +249,17 @@ def build_compiled_graph(
         gm = run_passes(gm)
         if context.platform.name == "cpu":
             gm = small_convolutions_as_matmuls(gm)
-    record = report.new_graph_record(
-        kind,
-        num_nodes=len(gm.graph.nodes),
-        input_shapes=[
-            tuple(n.meta["val"].shape)
-            for n in gm.graph.find_nodes(op="placeholder")
-            if isinstance(n.meta.get("val"), torch.Tensor)
-        ],
-    )
-    chosen = choose_eager_kernels(gm, context.kernels, lambda n: context.support.unsupported_reason(n) is None)
+    record = _graph_record(gm, kind)
+    recheck_learned(gm, context.support, functools.partial(_probe_lowers, context=context))
+    support = GraphSupport(context.support)
+    chosen = choose_eager_kernels(gm, context.kernels, lambda n: support.unsupported_reason(n) is None)
     placeholders = gm.graph.find_nodes(op="placeholder")
     frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()
-    plan = propose_islands(gm, context.support, chosen, frozen)
+    plan = propose_islands(gm, support, chosen, frozen)
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:
         chosen.update(small)
-        plan = propose_islands(gm, context.support, chosen, frozen)
+        plan = propose_islands(gm, support, chosen, frozen)
     # Each failed attempt moves at least one node to eager, so this terminates.
     for _ in range(len(gm.graph.nodes) + 1):
         failure = _compile_islands(plan, context, record)
@@ -255,8 +267,8 @@ def build_compiled_graph(
             break
         record.lowering_retries += 1
         hooks.on_island_failed(*failure, context, record)
-        _learn_from_failure(*failure, context)
-        plan = propose_islands(gm, context.support, chosen, frozen)
+        _learn_from_failure(*failure, context, support)
+        plan = propose_islands(gm, support, chosen, frozen)
     else:  # pragma: no cover - guarded by the bound above
         raise LoweringError("tpu_inductor: partitioning did not converge")
 
@@ -320,12 +332,18 @@ def _compile_islands(
     return None
 
 
-def _learn_from_failure(island: Island, error: Exception, context: CompileContext) -> None:
-    """Find the ops that broke ``island`` and teach the support table about them."""
+def _probe_lowers(probe: Island, context: CompileContext) -> None:
+    """Lower and compile ``probe`` (uncached); raises what torch-mlir or XLA raised."""
+    compile_stablehlo(lower_to_stablehlo(probe.graph).module, context.platform, None)
 
-    def lowers(probe: Island) -> None:
-        compile_stablehlo(lower_to_stablehlo(probe.graph).module, context.platform, None)
 
-    for node, why in find_culprits(island, error, context.support.signature, lowers):
+def _learn_from_failure(island: Island, error: Exception, context: CompileContext, support: GraphSupport) -> None:
+    """Find the ops that broke ``island``: learn those that fail alone, keep
+    a run that fails only together in eager for this graph."""
+    diagnosis = find_culprits(island, error, context.support.signature, functools.partial(_probe_lowers, context=context))
+    for node, why in diagnosis.proven:
         log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
         context.support.learn(context.support.signature(node), why)
+    for node, why in diagnosis.together:
+        log.info("tpu_inductor: %s runs eagerly in this graph: %s", describe_node(node), why)
+        support.local[node] = why

@@ -177,6 +177,36 @@ class Config:
         return config
 
 
+COMPILE_MODES = {
+    "default": "compile every graph for the device, choosing PyTorch's kernel where it measures faster",
+    "reduce-overhead": (
+        "the same as default: Inductor's mode records CUDA graphs to cut launch overhead, "
+        "and an XLA executable is already one launch per island"
+    ),
+    "max-autotune": (
+        "the same as default: kernel choice (eager vs XLA, timed per op signature) is always on; "
+        "XLA does its own tuning"
+    ),
+    "max-autotune-no-cudagraphs": "the same as max-autotune",
+}
+"""``torch.compile(mode=...)`` values and what each means for this backend.
+
+transformers' ``generate(compile_config=CompileConfig(...))`` passes
+``mode="reduce-overhead"`` by default, so every mode PyTorch documents is
+accepted; none changes what this backend compiles."""
+
+
+def check_mode(mode: Optional[str]) -> str:
+    """The ``torch.compile`` mode, checked; an unknown one is a :class:`ConfigError`."""
+    mode = mode or "default"
+    if mode not in COMPILE_MODES:
+        raise ConfigError(
+            f"torch.compile mode {mode!r} is not one the tpu backend knows; use one of "
+            f"{', '.join(COMPILE_MODES)} (they behave alike here), or leave mode unset"
+        )
+    return mode
+
+
 def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
     """Turn an option or environment string into the field's type."""
     kind = field.type if isinstance(field.type, str) else field.type.__name__

@@ -22,6 +22,7 @@ the dim that kept changing and the options that help; ``strict`` raises.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -42,7 +43,8 @@ from tpu_inductor.errors import (
     RecompileBudgetWarning,
     describe_node,
 )
-from tpu_inductor.lowering.culprits import find_culprits
+from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
+from tpu_inductor.lowering.support import GraphSupport
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
@@ -271,7 +273,8 @@ class DynamicShapeGraph:
         self, gm: torch.fx.GraphModule, key: tuple, bucket: dict
     ) -> tuple[torch.fx.GraphModule, list[SymbolicIsland]]:
         """Partition, lower each island once, compile the first bucket; learn from failures."""
-        support = _DynamicSupport(self.context.support)
+        recheck_learned(gm, self.context.support, functools.partial(self._probe_lowers, key=key, bucket=bucket))
+        support = GraphSupport(self.context.support)
         for _ in range(len(gm.graph.nodes) + 1):
             plan = propose_islands(gm, support)
             islands: dict[str, SymbolicIsland] = {}
@@ -300,48 +303,19 @@ class DynamicShapeGraph:
         self.dynamic_record.lowerings += record is not None
         return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record)
 
-    def _learn(self, support: "_DynamicSupport", island: Island, error: Exception, *, key, bucket) -> None:
+    def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:
+        self._island(probe, None).prepare(key, bucket)
+
+    def _learn(self, support: GraphSupport, island: Island, error: Exception, *, key, bucket) -> None:
         """Move the ops that broke ``island`` to eager, for this graph only.
 
-        A failure with dynamic shapes says nothing about the same op in a
-        static graph, so it is not written to the persistent support table.
+        A failure with dynamic shapes may hold only for this graph's buckets,
+        so it is not written to the persistent support table.
         """
-
-        def lowers(probe: Island) -> None:
-            self._island(probe, None).prepare(key, bucket)
-
-        for node, why in find_culprits(island, error, self.context.support.signature, lowers):
+        lowers = functools.partial(self._probe_lowers, key=key, bucket=bucket)
+        diagnosis = find_culprits(island, error, self.context.support.signature, lowers)
+        for node, why in diagnosis.proven + diagnosis.together:
             log.info("tpu_inductor: %s does not lower with dynamic shapes (%s)", describe_node(node), why)
-            support.learned[support.signature(node)] = f"{why} (with dynamic shapes)"
+            support.local[node] = f"{why} (with dynamic shapes)"
 
 
-class _DynamicSupport:
-    """The shared support table plus what failed for this graph's dynamic shapes."""
-
-    def __init__(self, base: Any) -> None:
-        self.base = base
-        self.learned: dict[str, str] = {}
-
-    def signature(self, node: torch.fx.Node) -> str:
-        return self.base.signature(node)
-
-    def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
-        return self.base.unsupported_reason(node) or self.learned.get(self.base.signature(node))
-
-    def constant_fold_hazards(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
-        return self.base.constant_fold_hazards(gm)
-
-
-def _observed(graph_pass, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Run a pass as ``run_passes`` does: a diff per pass is one flag away."""
-    name = getattr(graph_pass, "__name__", "pass")
-    with GraphTransformObserver(gm, name, subsystem="tpu_inductor"):
-        return graph_pass(gm)
-
-
-def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A runnable copy of ``gm`` that later passes on ``gm`` cannot touch."""
-    graph = torch.fx.Graph()
-    output = graph.graph_copy(gm.graph, {})
-    graph.output(output)
-    return torch.fx.GraphModule(gm, graph)

@@ -1,59 +1,153 @@
-"""Which ops broke an island that torch-mlir or XLA rejected.
+"""Which ops broke an island that torch-mlir or XLA rejected, proven one at a time.
 
-The answer feeds the support table, so the island can be re-partitioned
-without them. In order: the ops torch-mlir's diagnostics name; else each
-distinct op signature lowered on its own (a multi-output op with its
-getitems, so every output is a tensor); else, when the ops lower alone but
-not together, every op of the island.
+Why: what is learned here keeps an op off the device in every later graph
+and process, so nothing is learned on suspicion. An op is a culprit only
+when it fails *alone*, lowered with its real arguments (the ops torch-mlir's
+diagnostics name are tried first, else every distinct call of the island).
+When every op lowers alone and only the island fails, the shortest failing
+run of the island (in graph order, found by bisection) runs in eager for
+this graph only, and nothing is learned.
+
+Before this, a depthwise ``convolution_backward`` that XLA refused, probed
+as "the same op" as a dense one that lowers, put its reason on every
+``mul``, ``add`` and ``mm`` of the island, in every later process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.fx
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from tpu_inductor.lowering.stablehlo import IslandLoweringError, failure_reason
-from tpu_inductor.lowering.support import op_key
+from tpu_inductor.lowering.support import SupportTable, op_key
 from tpu_inductor.passes.partition import Island
 
-Culprits = list[tuple[torch.fx.Node, str]]
+Lowers = Callable[[Island], object]
+"""Lowers and compiles an island; raises on failure."""
 
 
-def find_culprits(
-    island: Island,
-    error: Exception,
-    signature: Callable[[torch.fx.Node], str],
-    lowers: Callable[[Island], object],
-) -> Culprits:
-    """Nodes to keep off the device, each with the reason; ``lowers`` raises on failure."""
+@dataclasses.dataclass
+class Diagnosis:
+    """Why an island failed: ops that fail alone, or a run that fails only together."""
+
+    proven: list[tuple[torch.fx.Node, str]]
+    """Each fails when lowered alone: learnable for every later graph."""
+    together: list[tuple[torch.fx.Node, str]]
+    """Lower alone but not as one island: eager for this graph only."""
+
+
+def find_culprits(island: Island, error: Exception, signature: Callable[[torch.fx.Node], str], lowers: Lowers) -> Diagnosis:
+    """Prove which nodes of ``island`` keep it from lowering."""
     named = set(error.failed_ops) if isinstance(error, IslandLoweringError) else set()
-    reason = failure_reason(error)
-    culprits = [(n, reason) for n in island.nodes if n.op == "call_function" and op_key(n.target) in named]
-    if not culprits:
-        culprits = _probe_nodes_alone(island, signature, lowers)
-    if not culprits:
-        culprits = [(n, reason) for n in island.nodes if n.op == "call_function"]
-    return culprits
+    calls = [n for n in island.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    suspects = [n for n in calls if op_key(n.target) in named] or calls
+    proven = _fail_alone(island, suspects, signature, lowers)
+    if not proven and len(suspects) < len(calls):
+        proven = _fail_alone(island, [n for n in calls if n not in suspects], signature, lowers)
+    if proven:
+        return Diagnosis(proven=proven, together=[])
+    run = _smallest_failing_run(island, [n for n in island.nodes if _is_compute_call(n)], lowers)
+    reason = f"lowers alone but not with the {len(run) - 1} other op(s) beside it: {failure_reason(error)}"
+    return Diagnosis(proven=[], together=[(n, reason) for n in run])
 
 
-def _probe_nodes_alone(
-    island: Island, signature: Callable[[torch.fx.Node], str], lowers: Callable[[Island], object]
-) -> Culprits:
-    failures, seen = [], set()
-    for node in island.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+def recheck_learned(gm: torch.fx.GraphModule, support: SupportTable, lowers: Lowers) -> None:
+    """Re-probe, one op each, the failures another process learned for calls in ``gm``.
+
+    A confirmed entry is trusted from then on; one that lowers now is
+    forgotten, so one odd call in an earlier process never keeps a call that
+    lowers off the device for good.
+    """
+    seen: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not support.needs_recheck(node):
             continue
-        if signature(node) in seen:
+        key = support.signature(node)
+        if key in seen:
             continue
-        seen.add(signature(node))
-        members = [node] + [u for u in node.users if u.target is operator.getitem and u in island.nodes]
-        graph, _, _ = fuse_as_graphmodule(island.owner, members, "probe", always_return_tuple=True)
+        seen.add(key)
+        probe = _probe_island(gm, [node] + _getitems(node, set(gm.graph.nodes)))
         try:
-            lowers(Island(name="probe", nodes=members, graph=graph, owner=island.owner))
+            lowers(probe)
+        except Exception:  # torch-mlir, refinement and XLA raise many types
+            support.confirm(key)
+        else:
+            support.forget(key)
+
+
+def _fail_alone(
+    island: Island, nodes: Sequence[torch.fx.Node], signature: Callable[[torch.fx.Node], str], lowers: Lowers
+) -> list[tuple[torch.fx.Node, str]]:
+    failures, tried = [], set()
+    members_of_island = set(island.nodes)
+    for node in nodes:
+        # The same signature at other sizes is a different call: probe each shape once.
+        key = (signature(node), _shapes(node))
+        if key in tried:
+            continue
+        tried.add(key)
+        probe = _probe_island(island.owner, [node] + _getitems(node, members_of_island))
+        try:
+            lowers(probe)
         except Exception as exc:  # torch-mlir, refinement and XLA raise many types
             failures.append((node, failure_reason(exc)))
     return failures
+
+
+def _smallest_failing_run(island: Island, run: list[torch.fx.Node], lowers: Lowers) -> list[torch.fx.Node]:
+    """The shortest contiguous run of ``run`` (graph order) that still fails.
+
+    A contiguous run of a topologically sorted island is itself cycle-free,
+    so it lowers as an island of its own. Any run holding a failing one
+    fails too, so the latest start and then the earliest end are each found
+    by bisection: about ``2 log2(n)`` probes.
+    """
+    members_of_island = set(island.nodes)
+
+    def fails(part: list[torch.fx.Node]) -> bool:
+        members = [m for n in part for m in [n] + _getitems(n, members_of_island)]
+        try:
+            lowers(_probe_island(island.owner, members))
+        except Exception:  # torch-mlir, refinement and XLA raise many types
+            return True
+        return False
+
+    low, high = 0, len(run) - 1  # run[low:] fails; find the latest such start
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fails(run[middle:]) else (low, middle - 1)
+    run = run[low:]
+    low, high = 1, len(run)  # run[:high] fails; find the earliest such end
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fails(run[:middle]) else (middle + 1, high)
+    return run[:high]
+
+
+def _probe_island(owner: torch.fx.GraphModule, members: list[torch.fx.Node]) -> Island:
+    graph, _, _ = fuse_as_graphmodule(owner, members, "probe", always_return_tuple=True)
+    return Island(name="probe", nodes=members, graph=graph, owner=owner)
+
+
+def _getitems(node: torch.fx.Node, within: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """A multi-output op's getitems, so every output of the probe is a tensor."""
+    return [u for u in node.users if u.target is operator.getitem and u in within]
+
+
+def _is_compute_call(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is not operator.getitem
+
+
+def _shapes(node: torch.fx.Node) -> tuple:
+    return tuple(
+        tuple(v.shape) if isinstance(v, torch.Tensor) else None
+        for v in (a.meta.get("val") for a in node.all_input_nodes)
+    )
+
+
+__all__ = ["Diagnosis", "find_culprits", "recheck_learned"]

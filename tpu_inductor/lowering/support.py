@@ -206,6 +206,60 @@ def _tensors(value: object) -> list[torch.Tensor]:
     return []
 
 
+def _describe_tensor(tensor: torch.Tensor) -> str:
+    """``float32[4]`` (rank) when every size is static, ``float32[?,_,_]`` when some are dynamic."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    dynamic = [isinstance(size, torch.SymInt) for size in tensor.shape]
+    if not any(dynamic):
+        return f"{dtype}[{tensor.dim()}]"
+    return f"{dtype}[{','.join('?' if d else '_' for d in dynamic)}]"
+
+
+def _non_tensor_arguments(node: torch.fx.Node) -> list[str]:
+    """``name=value`` for each argument that is not a tensor and not its default."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    described = []
+    for position, argument in enumerate(schema.arguments):
+        if argument.name in node.kwargs:
+            value = node.kwargs[argument.name]
+        elif position < len(node.args) and not argument.kwarg_only:
+            value = node.args[position]
+        else:
+            continue
+        if _holds_tensor(value) or (argument.has_default_value() and _same(value, argument.default_value)):
+            continue
+        described.append(f"{argument.name}={_describe_value(value)}")
+    return described
+
+
+def _holds_tensor(value: object) -> bool:
+    if isinstance(value, torch.fx.Node):
+        return isinstance(value.meta.get("val"), torch.Tensor)
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return False
+
+
+def _same(value: object, default: object) -> bool:
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return list(value) == list(default)
+    try:
+        return bool(value == default) and type(value) is type(default)
+    except Exception:  # a SymInt compared with a default: not the same
+        return False
+
+
+def _describe_value(value: object) -> str:
+    """A sizes list, a flag, a dtype; ``?`` for a symbolic size (it is read at run time)."""
+    if isinstance(value, torch.fx.Node) or isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return "?"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe_value(v) for v in value) + "]"
+    return str(value)
+
+
 def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
     """Argument patterns that torch-mlir lowers to a wrong result or a crash."""
     schema_args = {a.name for a in node.target._schema.arguments}
@@ -235,29 +289,37 @@ _OUT_OF_MEMORY = ("bad_alloc", "MemoryError", "out of memory")
 
 
 class SupportTable:
-    """Decides per node whether it lowers; learns from failed lowerings."""
+    """Decides per node whether it lowers; learns from failed lowerings.
+
+    A learned entry is keyed by :meth:`signature`. One learned from another
+    process is trusted once it has failed again here (:meth:`confirm`), and
+    forgotten when it lowers (:meth:`forget`): callers re-probe such entries
+    (:meth:`needs_recheck`) before they partition, one op at a time.
+    """
 
     def __init__(self, learned_path: Optional[Path] = None) -> None:
         from tpu_inductor.runtime.disk_cache import PersistedDict
 
         self._learned = PersistedDict(learned_path)
+        self._checked: set[str] = set()  # learned or confirmed by this process
 
     @staticmethod
     def signature(node: torch.fx.Node) -> str:
-        """``aten.i0(float32[2])``: an op with its tensor inputs' dtypes and ranks.
+        """``aten.avg_pool2d(float32[4]; kernel_size=[2, 2], divisor_override=3)``.
 
-        The unit of learning: what fails for a 1-d convolution backward says
-        nothing about the 2-d one, so rank is part of it.
+        What decides whether torch-mlir lowers a call: the op, each tensor
+        input's dtype and rank (``?`` marks a dynamic dim: ``float32[?,_]``),
+        and every non-tensor argument that differs from the schema's default.
+        A failure of ``avg_pool2d(divisor_override=3)`` says nothing about a
+        plain ``AvgPool2d(2)``, nor a depthwise convolution's about a dense one.
         """
-        inputs = [
-            f"{str(t.dtype).removeprefix('torch.')}[{t.dim()}]"
-            for a in node.all_input_nodes
-            for t in _tensors(a.meta.get("val"))
-        ]
-        return f"{op_key(node.target)}({','.join(inputs)})"
+        inputs = [_describe_tensor(t) for a in node.all_input_nodes for t in _tensors(a.meta.get("val"))]
+        arguments = _non_tensor_arguments(node)
+        text = ",".join(inputs) + (f"; {', '.join(arguments)}" if arguments else "")
+        return f"{op_key(node.target)}({text})"
 
     def learn(self, signature: str, reason: str) -> None:
-        """Remember that ``signature`` failed to lower, here and for later processes.
+        """Remember that ``signature`` failed to lower alone, here and for later processes.
 
         Not for later processes when the failure was memory running out: that
         says nothing about the op (every probe after a ``bad_alloc`` failed
@@ -265,7 +327,30 @@ class SupportTable:
         the device for good.
         """
         transient = any(marker in reason for marker in _OUT_OF_MEMORY)
-        self._learned.put(signature, reason, persist=not transient)
+        self._checked.add(signature)
+        self._learned.put(signature, {"reason": reason, "confirmed": False}, persist=not transient)
+
+    def needs_recheck(self, node: torch.fx.Node) -> bool:
+        """A failure another process learned for this call, not yet seen here twice."""
+        signature = self.signature(node)
+        entry = self._learned.get(signature)
+        return entry is not None and not entry["confirmed"] and signature not in self._checked
+
+    def confirm(self, signature: str) -> None:
+        """It failed again: trusted from now on, without probing."""
+        entry = self._learned.get(signature)
+        self._checked.add(signature)
+        if entry is not None:
+            self._learned.put(signature, {**entry, "confirmed": True}, replace=True)
+
+    def forget(self, signature: str) -> None:
+        """It lowers after all (another input, another version of us): drop it."""
+        self._checked.add(signature)
+        self._learned.pop(signature)
+
+    def learned(self) -> dict[str, dict]:
+        """Every learned signature with its reason and whether it was confirmed."""
+        return self._learned.items()
 
     @staticmethod
     def constant_fold_hazards(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
@@ -331,4 +416,26 @@ class SupportTable:
             return hazard
         if key in EAGER_ONLY:
             return "random op: runs in eager to use torch's generator"
-        return self._learned.get(self.signature(node))
+        entry = self._learned.get(self.signature(node))
+        return entry["reason"] if entry is not None else None
+
+
+class GraphSupport:
+    """The shared table plus the nodes one graph keeps off the device by itself.
+
+    What one graph learns here (ops that fail only together, or only with its
+    dynamic shapes) is never written to the shared table.
+    """
+
+    def __init__(self, base: SupportTable) -> None:
+        self.base = base
+        self.local: dict[torch.fx.Node, str] = {}
+
+    def signature(self, node: torch.fx.Node) -> str:
+        return self.base.signature(node)
+
+    def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
+        return self.base.unsupported_reason(node) or self.local.get(node)
+
+    def constant_fold_hazards(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+        return self.base.constant_fold_hazards(gm)

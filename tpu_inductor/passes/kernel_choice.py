@@ -29,6 +29,7 @@ after: ``convolution`` in eager, ``island -> [mul, add, relu]``.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ from tpu_inductor.passes.channels_last import (
 )
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
 from tpu_inductor.passes.partition import TRANSPOSE_OPS, is_compute
-from tpu_inductor.runtime.disk_cache import PersistedDict
+from tpu_inductor.runtime.disk_cache import KERNEL_TIMINGS, PersistedDict
 from tpu_inductor.runtime.executable import versions_digest
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class KernelChooser:
         if not platform.shares_host_memory or platform.name != "cpu":
             return None
         # Timings belong to one machine and one set of versions.
-        name = f"kernel_timings-{platform.device_kind}-{versions_digest()}.json"
+        name = KERNEL_TIMINGS.format(device_kind=platform.device_kind, digest=versions_digest())
         path = cache_root / name if cache_root else None
 
         def time_xla(probe: torch.fx.GraphModule, inputs: list) -> float:
@@ -129,7 +130,9 @@ class KernelChooser:
                 self._timings.put(key, timing)
             eager_s, xla_s = timing
             margin = CONVOLUTION_MARGIN if node.target in CANDIDATE_OPS else EAGER_MARGIN
-            if eager_s < margin * xla_s and xla_s - eager_s > MIN_SAVING_S:
+            if math.isinf(xla_s):
+                choices[node] = "XLA cannot run it (lowered alone, torch-mlir or XLA refused it); PyTorch's kernel runs it"
+            elif eager_s < margin * xla_s and xla_s - eager_s > MIN_SAVING_S:
                 choices[node] = (
                     f"PyTorch's kernel is faster here ({eager_s * 1e3:.3f} ms vs XLA "
                     f"{xla_s * 1e3:.3f} ms, measured once per signature)"
@@ -154,7 +157,12 @@ class KernelChooser:
                 eager_s = _median_seconds(lambda: convolution_channels_last(*args))
             else:
                 eager_s = _median_seconds(lambda: probe(*inputs))
-            xla_s = self._time_xla(probe, inputs)
+            try:
+                xla_s = self._time_xla(probe, inputs)
+            except Exception as exc:  # torch-mlir and XLA raise many types
+                # Timed alone, so this op is proven not to lower: its kernel is PyTorch's.
+                log.info("tpu_inductor: %s does not lower alone: %s", _signature(node), exc)
+                xla_s = math.inf
         log.info(
             "tpu_inductor: %s: eager %.3f ms, XLA %.3f ms", _signature(node), eager_s * 1e3, xla_s * 1e3
         )

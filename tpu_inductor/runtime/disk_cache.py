@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -105,23 +106,36 @@ class PersistedDict:
     def get(self, key: str) -> Any:
         return self._entries.get(key)
 
-    def put(self, key: str, value: Any, persist: bool = True) -> None:
+    def put(self, key: str, value: Any, persist: bool = True, replace: bool = False) -> None:
         """Remember ``value`` for ``key`` unless something is already known for
-        it; with ``persist=False`` for this process only."""
+        it (or ``replace``); with ``persist=False`` for this process only."""
         with self._lock:
-            if key in self._entries:
+            if key in self._entries and not replace:
                 return
             self._entries[key] = value
             if not persist:
                 self._this_process_only.add(key)
-            if self._path is None or not persist:
                 return
-            kept = {k: v for k, v in self._entries.items() if k not in self._this_process_only}
-            try:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_write(self._path, json.dumps(kept, indent=1).encode())
-            except OSError as exc:
-                log.debug("tpu_inductor: cannot persist %s: %s", self._path.name, exc)
+            self._this_process_only.discard(key)
+            self._save()
+
+    def pop(self, key: str) -> None:
+        with self._lock:
+            if self._entries.pop(key, None) is not None:
+                self._save()
+
+    def items(self) -> dict[str, Any]:
+        return dict(self._entries)
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        kept = {k: v for k, v in self._entries.items() if k not in self._this_process_only}
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(self._path, json.dumps(kept, indent=1).encode())
+        except OSError as exc:
+            log.debug("tpu_inductor: cannot persist %s: %s", self._path.name, exc)
 
 
 def _write_file(path: Path, handle: Any, data: bytes) -> None:
@@ -224,8 +238,17 @@ _unwritable: dict[str, str] = {}
 _unwritable_lock = threading.Lock()
 
 
+LEARNED_UNSUPPORTED = "learned_unsupported-{digest}.json"
+"""Ops that failed to lower alone (lowering/support.py), one file per versions digest."""
+KERNEL_TIMINGS = "kernel_timings-{device_kind}-{digest}.json"
+"""Eager vs XLA timings per op signature (passes/kernel_choice.py)."""
+_SIDE_FILES = (LEARNED_UNSUPPORTED, KERNEL_TIMINGS)
+
+
 class DiskCache:
-    """Entries of two kinds (``graphs``, ``executables``) under one directory."""
+    """Entries of two kinds (``graphs``, ``executables``) under one directory,
+    and the files of what processes learned beside them (:data:`LEARNED_UNSUPPORTED`,
+    :data:`KERNEL_TIMINGS`)."""
 
     def __init__(self, root: Path, max_bytes: int = 2 * 1024**3) -> None:
         self.root = Path(root)
@@ -444,13 +467,37 @@ class DiskCache:
         return evicted
 
     def clear(self) -> int:
-        """Remove every entry and temporary directory; returns the entries removed."""
+        """Remove every entry, temporary directory and learned file; returns the entries removed."""
         removed = 0
         for kind in KINDS:
             for path in self._children(self.root / kind):
                 removed += not path.name.startswith(".")
                 self._remove(path)
+        for path in self.side_files():
+            path.unlink(missing_ok=True)
         return removed
+
+    def side_files(self, pattern: Optional[str] = None) -> list[Path]:
+        """The learned files beside the entries (one of :data:`_SIDE_FILES`, or all)."""
+        patterns = [pattern] if pattern else list(_SIDE_FILES)
+        globs = [re.sub(r"\{\w+\}", "*", p) for p in patterns]
+        try:
+            return sorted({path for glob in globs for path in self.root.glob(glob)})
+        except OSError:
+            return []
+
+    def learned_unsupported(self) -> list[dict[str, Any]]:
+        """Every learned failure on disk: signature, reason, confirmed, file."""
+        learned = []
+        for path in self.side_files(LEARNED_UNSUPPORTED):
+            try:
+                entries = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            for signature, entry in entries.items():
+                if isinstance(entry, dict):
+                    learned.append({"signature": signature, **entry, "file": path.name})
+        return learned
 
     @staticmethod
     def _children(directory: Path) -> Iterator[Path]:
