@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.passes.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
 from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
 from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
@@ -373,6 +374,7 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)
+    table.update(AVG_POOL_DECOMPOSITIONS)
     table.update(FAST_PATH_DECOMPOSITIONS)
     table.update(_inductor_prims())
     table.update(grouped_matmuls)
