@@ -250,3 +250,17 @@ def test_a_backend_failure_runs_the_graph_eagerly_and_says_so(monkeypatch):
     with pytest.raises(Exception, match="a pass broke"):
         torch._dynamo.reset()
         compiled(lambda x: x.cos() + 1, strict=True)(a)
+
+
+def test_an_eager_view_reads_a_tensor_laid_out_otherwise_than_traced():
+    """A view left to eager runs on whatever layout arrives: here its input is
+    traced contiguous but arrives transposed (as an eager kernel's
+    channels-last result or an island's dense one can differ from the trace).
+    ``view`` would raise in the user's call; the fused graph reshapes."""
+    from tpu_inductor.passes.eager_views_as_reshape import eager_views_as_reshape
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda a: a.view(-1))(torch.randn(3, 4))
+    transposed = torch.randn(4, 3).t()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        gm(transposed)
+    torch.testing.assert_close(eager_views_as_reshape(gm)(transposed), transposed.reshape(-1))

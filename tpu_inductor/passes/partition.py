@@ -35,6 +35,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
 
 from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
+from tpu_inductor.passes.eager_views_as_reshape import eager_views_as_reshape
 
 if TYPE_CHECKING:
     from tpu_inductor import report
@@ -310,6 +311,7 @@ def fuse_islands(
     )
     for node in fused.graph.find_nodes(op="call_module"):
         node.op, node.target = "call_function", run_island[node.target]
+    fused = eager_views_as_reshape(fused)
     fused.delete_all_unused_submodules()
     fused.recompile()
     # Generate forward now: a lazy GraphModule's placeholder forward re-enters
