@@ -16,8 +16,10 @@ import torch
 
 from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.passes.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
+from tpu_inductor.passes.exact_values import EXACT_VALUE_DECOMPOSITIONS
 from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
 from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
+from tpu_inductor.passes.quantize_decompositions import quantize_decompositions
 
 aten = torch.ops.aten
 
@@ -78,19 +80,6 @@ def _broadcast_shift(tensor_op):
         return tensor_op(a.expand(shape), amount.expand(shape))
 
     return shift
-
-
-def _max_pool2d_default_stride(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """``max_pool2d(x, 2)`` records ``stride=[]`` (meaning: the kernel size).
-
-    torch-mlir reads the empty stride as 1 when the indices output is used
-    (training), and the lowering then fails; spell the stride out.
-    """
-    if stride:
-        return NotImplemented
-    return aten.max_pool2d_with_indices.default(
-        x, kernel_size, kernel_size, padding, dilation, ceil_mode
-    )
 
 
 def _diagonal_by_gather(x, offset: int = 0, dim1: int = 0, dim2: int = 1):
@@ -295,7 +284,6 @@ _OURS: dict = {
     aten.topk.default: _topk_sorted,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
-    aten.max_pool2d_with_indices.default: _max_pool2d_default_stride,
     # torch-mlir cannot lower the pooling backward; PyTorch's decomposition
     # (a scatter_add of the gradients at the argmax indices) lowers exactly.
     aten.max_pool2d_with_indices_backward.default: torch._decomp.decomposition_table[
@@ -373,9 +361,11 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    table.update(EXACT_VALUE_DECOMPOSITIONS)
     table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)
     table.update(FAST_PATH_DECOMPOSITIONS)
+    table.update(quantize_decompositions())
     table.update(_inductor_prims())
     table.update(grouped_matmuls)
     for op in LEFT_TO_TORCH_MLIR:
