@@ -16,7 +16,7 @@ match eager. Each (architecture, head, mode) runs in its own subprocess with a
 timeout, so a native crash or a hang is counted, not fatal.
 
     python benchmarks/models.py --only gpt2,bert,vit --heads base,causal_lm
-    python benchmarks/models.py -j 2 --timeout 120 --write-readme
+    python benchmarks/models.py -j 2 --timeout 120 --write-docs
 
 Failures are grouped by root cause: the innermost exception's type and first
 line with numbers, shapes, addresses and quoted names normalised away; models
@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "models.json"
-README = ROOT / "README.md"
+RESULTS_PAGE = ROOT / "docs" / "coverage.md"
 MARK_START, MARK_END = "<!-- models-table:start -->", "<!-- models-table:end -->"
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)
 BARS = {"tpu_ran": 98.0, "matched": 97.0, "fully_lowered": 85.0}
@@ -358,7 +358,7 @@ def print_summary(summary: dict) -> None:
 
 
 def _scope(args: argparse.Namespace, tasks: list[tuple[str, str, str]]) -> str:
-    """What a partial sweep covered, in words a reader of the README can check."""
+    """What a partial sweep covered, in words a reader of docs/coverage.md can check."""
     from benchmarks.hf_zoo import architectures
 
     if args.only:
@@ -369,7 +369,7 @@ def _scope(args: argparse.Namespace, tasks: list[tuple[str, str, str]]) -> str:
     return f"the first {len(names)} of {total} architectures{span}; heads {args.heads}; modes {args.modes}"
 
 
-def readme_table(summary: dict, meta: dict) -> str:
+def results_table(summary: dict, meta: dict) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     lines += ["| " + " | ".join(_format_row(k, g)) + " |" for k, g in sorted(summary["groups"].items())]
     scope = "partial sweep (" + meta["scope"] + ")" if meta.get("partial") else "full sweep"
@@ -381,10 +381,10 @@ def readme_table(summary: dict, meta: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(table: str) -> None:
-    text = README.read_text()
+def write_docs(table: str) -> None:
+    text = RESULTS_PAGE.read_text()
     start, end = text.index(MARK_START) + len(MARK_START), text.index(MARK_END)
-    README.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+    RESULTS_PAGE.write_text(text[:start] + "\n" + table + "\n" + text[end:])
 
 
 def _tasks(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -421,7 +421,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--resume", action="store_true", help="keep records already in --out, run the rest")
-    parser.add_argument("--write-readme", action="store_true", help="regenerate the README table from --out")
+    parser.add_argument("--write-docs", action="store_true", help="regenerate the table in docs/coverage.md from --out")
     parser.add_argument("--child", nargs=3, metavar=("MODEL_TYPE", "HEAD", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -458,8 +458,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     summary = _save(args.out, records, meta)
     print()
     print_summary(summary)
-    if args.write_readme:
-        write_readme(readme_table(summary, meta))
+    if args.write_docs:
+        write_docs(results_table(summary, meta))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ training step >= 1.0x eager.
 
 Run:
     python benchmarks/perf.py                    # full run, writes benchmarks/results/perf.json
-    python benchmarks/perf.py --write-readme     # ... and regenerates the README table
+    python benchmarks/perf.py --write-docs     # ... and regenerates the table in docs/performance.md
     python benchmarks/perf.py --quick --only mlp,overhead   # development: few rounds, no files
 Options: --threads N, --rounds N, --json PATH.
 """
@@ -105,7 +105,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+RESULTS_PAGE = ROOT / "docs" / "performance.md"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "perf.json"
 MARKERS = ("<!-- perf-table:start -->", "<!-- perf-table:end -->")
 PINNED = ("XLA_FLAGS", "PJRT_NPROC", "OMP_NUM_THREADS")
@@ -824,7 +824,7 @@ RESULT_HEADER = ["workload", *(LABELS[p] for p in PATHS), *(f"tpu vs {LABELS[o]}
 
 
 def report_text(report: Mapping[str, Any]) -> str:
-    """The results and bars as markdown tables (printed, and put in the README)."""
+    """The results and bars as markdown tables (printed, and put in docs/performance.md)."""
     meta = report["meta"]
     lines = [
         f"`python benchmarks/perf.py` on {meta['date']}: {meta['cpu_count']} CPU cores "
@@ -843,12 +843,12 @@ def report_text(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str, readme: Path = README) -> None:
+def write_docs(text: str, page: Path = RESULTS_PAGE) -> None:
     """Replace what lies between the perf-table markers with ``text``."""
-    content = readme.read_text()
+    content = page.read_text()
     start, end = content.index(MARKERS[0]), content.index(MARKERS[1])
     content = content[: start + len(MARKERS[0])] + "\n" + text + "\n" + content[end:]
-    readme.write_text(content)
+    page.write_text(content)
 
 
 def versions() -> dict[str, str]:
@@ -898,14 +898,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--rounds", type=int, help="interleaved rounds (default 30, --quick 5)")
     add("--json", type=Path,
         help=f"where to write results (default {DEFAULT_JSON.relative_to(ROOT)})")
-    add("--write-readme", action="store_true", help="regenerate the README's results table")
+    add("--write-docs", action="store_true", help="regenerate the results table in docs/performance.md")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.only) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {','.join(WORKLOADS)}")
     partial = args.quick or set(args.only) != set(WORKLOADS)
-    if args.write_readme and partial:
-        parser.error("--write-readme needs a full run (no --quick, no --only)")
+    if args.write_docs and partial:
+        parser.error("--write-docs needs a full run (no --quick, no --only)")
     if args.json is None and not partial:
         args.json = DEFAULT_JSON
     return args
@@ -956,9 +956,9 @@ def main(argv: Sequence[str]) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
         print(f"\nwrote {args.json}")
-    if args.write_readme:
-        write_readme(text)
-        print(f"updated {README}")
+    if args.write_docs:
+        write_docs(text)
+        print(f"updated {RESULTS_PAGE}")
     return 0
 
 

@@ -76,3 +76,14 @@ def test_corrupted_entry_is_evicted_and_recompiled(tmp_path):
     blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
     assert _run(WARM_START, tmp_path) == "xla"
     assert _run(WARM_START, tmp_path) == "disk"
+
+
+def test_jaxlib_info_lines_stay_off_the_terminal():
+    """A first compile in a fresh process prints nothing of jaxlib's own on stderr."""
+    import subprocess
+    import sys
+
+    script = "import torch; torch.compile(lambda x: x + 1, backend='tpu', options={'cache': False})(torch.randn(3))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "pjrt_client.cc" not in result.stderr and "PjRt-IFRT" not in result.stderr, result.stderr[-2000:]

@@ -8,7 +8,14 @@ Names are loaded on first use: ``runtime.disk_cache`` (all the CLI's
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# jaxlib's C++ logging prints INFO lines to stderr when a PJRT client starts
+# ("PjRt-IFRT device count: ..."); it reads its level once, as jaxlib loads,
+# and every module here that imports jaxlib imports this package first.
+# WARNING and above still show; a user's own setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 _EXPORTS = {
     "DeviceExecutable": "tpu_inductor.runtime.executable",
