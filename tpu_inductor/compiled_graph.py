@@ -245,8 +245,8 @@ def build_compiled_graph(
     """``parameters``: positions of inputs whose parameter-only computation
     may be kept between calls (``freeze_parameters``)."""
     with report.stage("passes"):
-        gm, _ = decompose_attention(gm, padded=frozenset())  # kept whole through AOTAutograd
         gm = run_passes(gm)
+        gm, _ = decompose_attention(gm, padded=frozenset())  # kept whole through AOTAutograd
         if context.platform.name == "cpu":
             gm = small_convolutions_as_matmuls(gm)
     record = _graph_record(gm, kind)

@@ -319,3 +319,17 @@ class DynamicShapeGraph:
             support.local[node] = f"{why} (with dynamic shapes)"
 
 
+
+def _observed(graph_pass, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Run a pass as ``run_passes`` does: a diff per pass is one flag away."""
+    name = getattr(graph_pass, "__name__", "pass")
+    with GraphTransformObserver(gm, name, subsystem="tpu_inductor"):
+        return graph_pass(gm)
+
+
+def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A runnable copy of ``gm`` that later passes on ``gm`` cannot touch."""
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    return torch.fx.GraphModule(gm, graph)

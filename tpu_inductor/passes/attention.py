@@ -266,10 +266,14 @@ def _length_input(
 
 
 def _trace(fn: Callable, fake_args: Sequence[Any]) -> torch.fx.GraphModule:
-    """``fn`` as an ATen graph over ``fake_args``, symbolic sizes kept as sym_size nodes."""
+    """``fn`` as an ATen graph over ``fake_args``, symbolic sizes kept as sym_size nodes,
+    through the same rewrites as the graph it is spliced into (it is traced
+    after them)."""
+    from tpu_inductor.passes import run_passes
+
     fake_mode = next(a.fake_mode for a in fake_args if hasattr(a, "fake_mode"))
     with fake_mode:
-        return make_fx(fn, decomposition_table=decomposition_table())(*fake_args)
+        return run_passes(make_fx(fn, decomposition_table=decomposition_table())(*fake_args))
 
 
 def _inline(
