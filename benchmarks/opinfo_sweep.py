@@ -1,162 +1,194 @@
 """Run PyTorch's whole OpInfo database through backend="tpu" and compare with eager.
 
 For every OpInfo entry and dtype (float32 by default; bfloat16 and int64 on
-request) the first usable sample runs in eager and compiled; the script prints
+request) every usable sample (``--samples N``: the first N) runs in eager and
+compiled, each compiled run with a fresh ``cache_dir``; the script prints
 pass %, mismatches, backend errors, crashes and the % of ops that ran fully
 lowered (no eager fallback), and writes the per-op results as JSON.
 
-Ops run in worker subprocesses, a chunk at a time, so a crash (a native abort
-in torch-mlir or XLA) is counted against its op and the sweep goes on.
+Ops run in worker subprocesses, a chunk at a time (:mod:`sweep_common`), so a
+crash (a native abort in torch-mlir or XLA) is counted against the sample that
+was running, and a fresh worker goes on with the op's next sample; a sample
+past ``--timeout`` is killed and counted as ``timeout``.
 
     python benchmarks/opinfo_sweep.py --dtypes float32 bfloat16 int64 --out sweep.json
+    python benchmarks/opinfo_sweep.py --ops add mul nn.functional.conv2d --samples 3
 
-Outcomes per (op, dtype):
+Outcomes per (op, dtype, sample):
   pass       compiled matches eager (tolerances of tests/test_ops.py)
   mismatch   compiled ran and returned different numbers: a bug
   error      the backend raised (Dynamo's own unsupported-feature errors are
              counted separately as ``dynamo_error``, not against the backend)
   crash      the worker process died
-  skipped    no usable sample, or eager itself fails on every sample
+  timeout    the sample ran past ``--timeout``
+  skipped    eager itself fails on the sample (such samples are dropped before
+             they run; an op with no usable sample at all is ``skipped``)
   random / nondeterministic
              eager itself gives different results under another seed, or
              twice under one (uninitialized memory): no reference to compare
              with, so these are excluded from pass %, as in Inductor's sweeps
+
+An op's outcome is its worst sample's (crash, mismatch, error, timeout,
+dynamo_error, then pass, random, nondeterministic, skipped); ``samples`` and
+``sample_outcomes`` give the per-sample counts, ``failures`` the first failing
+samples.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import sweep_common as common  # noqa: E402
+
 DTYPES = ("float32", "bfloat16", "int64")
+# Worst first: an op's outcome is that of its worst sample.
+RANK = ("crash", "mismatch", "error", "timeout", "dynamo_error", "pass", "random", "nondeterministic", "skipped")
+ALL_SAMPLES = 10**9
 
 
-def _worker(op_ids: list[str], dtype_name: str, out_path: Path, samples_per_op: int) -> None:
-    """Run ``op_ids`` for one dtype, appending one JSON line per op to ``out_path``."""
+# ---------------------------------------------------------------- worker
+
+
+def _test_ops():
     sys.path.insert(0, str(ROOT / "tests"))
+    import test_ops
+
+    return test_ops
+
+
+def run_task(task: dict, log: common.WorkerLog) -> None:
+    """One (op, dtype): every chosen sample is a phase ``sample<i>``."""
     import torch
 
     import tpu_inductor.report as report
-    from test_ops import as_function, assert_matches, opinfos, plain_opinfo_calls, samples
 
+    test_ops = _test_ops()
+    dtype_name, name = task["dtype"], task["op"]
     dtype = getattr(torch, dtype_name)
-    options = {"cache": False, "eager_kernels": False}  # claims are about lowering
-    with out_path.open("a") as out:
-        for name in op_ids:
-            # The "started" line lets the parent blame a crash on this op.
-            out.write(json.dumps({"op": name, "dtype": dtype_name, "started": True}) + "\n")
-            out.flush()
-            result = {"op": name, "dtype": dtype_name}
-            op = opinfos()[name]
-            started = time.perf_counter()
+    op = test_ops.opinfos()[name]
+    try:
+        chosen = list(test_ops.samples(op, dtype, count=task["samples"] or ALL_SAMPLES))
+    except Exception as exc:  # noqa: BLE001 - OpInfo sample generators can fail for a dtype
+        chosen = []
+        log.info(note=f"samples: {type(exc).__name__}")
+    log.info(samples=len(chosen))
+    for index, sample in enumerate(chosen):
+        phase = f"sample{index}"
+        if not log.wants(phase):
+            continue
+        with log.phase(phase) as result:
+            torch._dynamo.reset()
+            report.reset()
+            fn, tensors = test_ops.as_function(op, sample)
             try:
-                chosen = list(samples(op, dtype, count=samples_per_op))
-            except Exception as exc:  # OpInfo sample generators can fail for a dtype
-                chosen, result["note"] = [], f"samples: {type(exc).__name__}"
-            if not chosen:
-                result["outcome"] = "skipped"
-            for sample in chosen:
-                torch._dynamo.reset()
-                report.reset()
-                fn, tensors = as_function(op, sample)
-                try:
-                    expected = _eager(fn, tensors, seed=0)
-                    if not _same(expected, _eager(fn, tensors, seed=0)):
-                        result["outcome"] = "nondeterministic"  # uninitialized memory
-                        break
-                    if not _same(expected, _eager(fn, tensors, seed=1)):
-                        result["outcome"] = "random"  # depends on the generator
-                        break
-                except Exception:
-                    result["outcome"] = "skipped"
+                expected = _eager(fn, tensors, seed=0)
+                if not _same(expected, _eager(fn, tensors, seed=0)):
+                    result["outcome"] = "nondeterministic"  # uninitialized memory
                     continue
-                compiled = torch.compile(fn, backend="tpu", options=options, dynamic=False)
+                if not _same(expected, _eager(fn, tensors, seed=1)):
+                    result["outcome"] = "random"  # depends on the generator
+                    continue
+            except Exception:  # noqa: BLE001
+                result["outcome"] = "skipped"
+                continue
+            with common.fresh_cache_dir() as cache_dir:
+                compiled = torch.compile(fn, backend="tpu", options=common.tpu_options(cache_dir), dynamic=False)
                 try:
                     torch.manual_seed(0)
-                    with plain_opinfo_calls():
+                    with test_ops.plain_opinfo_calls():
                         actual = compiled(*[t.clone() for t in tensors])
-                except Exception as exc:
-                    is_dynamo = "torch._dynamo.exc" in type(exc).__module__ and "BackendCompilerFailed" not in type(exc).__name__
-                    result["outcome"] = "dynamo_error" if is_dynamo else "error"
-                    result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-                    break
-                try:
-                    assert_matches(actual, expected)
-                except Exception as exc:
-                    result["outcome"] = "mismatch"
-                    result["error"] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-                    break
-                record = report.current()
-                result["outcome"] = "pass"
-                fallbacks = sorted({f.op for f in record.fallbacks()})
-                result["fallbacks"] = sorted(set(result.get("fallbacks", [])) | set(fallbacks))
-                result["islands"] = result.get("islands", 0) + len(record.islands())
-            result["seconds"] = round(time.perf_counter() - started, 3)
-            out.write(json.dumps(result) + "\n")
-            out.flush()
+                except Exception as exc:  # noqa: BLE001
+                    described = common.describe(exc)
+                    result["outcome"] = "dynamo_error" if described["error_kind"] == "dynamo" else "error"
+                    result["error"] = described["error"][:300]
+                    result["sample"] = _describe_sample(sample)
+                    continue
+            try:
+                test_ops.assert_matches(actual, expected)
+            except Exception as exc:  # noqa: BLE001
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                result["outcome"] = "mismatch"
+                result["error"] = " ".join(lines[:4])[:300] if lines else type(exc).__name__
+                result["sample"] = _describe_sample(sample)
+                continue
+            facts = common.backend_facts()
+            result.update(outcome="pass", fallbacks=facts["fallbacks"], islands=facts["islands"])
+
+
+def _describe_sample(sample) -> str:
+    """``input (2, 3) float32, args (...), kwargs {...}`` with tensors as shape and dtype."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def short(value):
+        if isinstance(value, torch.Tensor):
+            return f"T{tuple(value.shape)}:{str(value.dtype).replace('torch.', '')}"
+        return value
+
+    text = f"input {short(sample.input)}, args {tree_map(short, sample.args)}, kwargs {tree_map(short, sample.kwargs)}"
+    return text[:300]
 
 
 def _eager(fn, tensors, seed: int):
     import torch
-    from test_ops import plain_opinfo_calls
 
+    test_ops = _test_ops()
     torch.manual_seed(seed)
-    with plain_opinfo_calls():
+    with test_ops.plain_opinfo_calls():
         return fn(*[t.clone() for t in tensors])
 
 
 def _same(a, b) -> bool:
-    from test_ops import assert_matches
-
     try:
-        assert_matches(a, b)
+        _test_ops().assert_matches(a, b)
     except AssertionError:
         return False
     return True
 
 
 def _all_op_ids() -> list[str]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_ops import opinfos
-
-    return sorted(opinfos())
+    return sorted(_test_ops().opinfos())
 
 
-def _run_dtype(op_ids: list[str], dtype: str, workdir: Path, chunk: int, samples: int, timeout: float) -> dict:
-    """Run every op for ``dtype`` in subprocess chunks; restart past crashes."""
-    results: dict[str, dict] = {}
-    pending = list(op_ids)
-    while pending:
-        batch, pending = pending[:chunk], pending[chunk:]
-        log = workdir / f"{dtype}-{len(results)}.jsonl"
-        log.unlink(missing_ok=True)
-        command = [sys.executable, __file__, "--worker", dtype, str(log), str(samples), *batch]
-        env = {**os.environ, "TPU_INDUCTOR_CACHE": "0"}
-        try:
-            subprocess.run(command, env=env, timeout=timeout, capture_output=True, check=False)
-        except subprocess.TimeoutExpired:
-            pass
-        started_last = None
-        for line in log.read_text().splitlines() if log.exists() else []:
-            entry = json.loads(line)
-            if entry.get("started"):
-                started_last = entry["op"]
-            else:
-                results[entry["op"]] = entry
-                started_last = None
-        if started_last is not None:
-            results[started_last] = {"op": started_last, "dtype": dtype, "outcome": "crash"}
-        done = set(results)
-        pending = [name for name in batch if name not in done] + pending
-        print(f"  {dtype}: {len(results)}/{len(op_ids)} ops", file=sys.stderr, flush=True)
-    return results
+# ---------------------------------------------------------------- parent
+
+
+def op_result(record: dict, name: str, dtype: str) -> dict:
+    """The per-op entry of the JSON (the format the sweep always wrote), from the samples' phases."""
+    phases = record["phases"]
+    info = record.get("info", {})
+    indexed = sorted(((int(p[len("sample"):]), r) for p, r in phases.items() if p.startswith("sample")))
+    result: dict = {"op": name, "dtype": dtype}
+    if "setup" in phases:  # the worker died while generating the samples
+        indexed.append((-1, phases["setup"]))
+    outcomes = [r.get("outcome", "error") for _, r in indexed]
+    result["outcome"] = min(outcomes, key=RANK.index) if outcomes else "skipped"
+    worst = next((r for _, r in indexed if r.get("outcome") == result["outcome"]), {})
+    if worst.get("error"):
+        result["error"] = worst["error"]
+    if info.get("note"):
+        result["note"] = info["note"]
+    passed = [r for _, r in indexed if r.get("outcome") == "pass"]
+    if result["outcome"] == "pass" or passed:
+        result["fallbacks"] = sorted({f for r in passed for f in r.get("fallbacks", [])})
+        result["islands"] = sum(r.get("islands", 0) for r in passed)
+    result["samples"] = len(indexed)
+    result["sample_outcomes"] = dict(Counter(outcomes))
+    failures = [{"sample": i, "outcome": r.get("outcome"), "error": r.get("error", ""),
+                 **({"input": r["sample"]} if r.get("sample") else {})}
+                for i, r in indexed if r.get("outcome") in ("crash", "mismatch", "error", "timeout")]
+    if failures:
+        result["failures"] = failures[:5]
+    result["seconds"] = round(sum(r.get("seconds", 0) for _, r in indexed), 3)
+    return result
 
 
 def summarise(results: dict[str, dict]) -> dict:
@@ -165,6 +197,9 @@ def summarise(results: dict[str, dict]) -> dict:
     ran = [r for r in results.values() if r["outcome"] not in excluded]
     passed = [r for r in ran if r["outcome"] == "pass"]
     lowered = [r for r in passed if not r.get("fallbacks")]
+    samples = Counter()
+    for r in results.values():
+        samples.update(r.get("sample_outcomes", {}))
     return {
         "ops": len(results),
         "ran": len(ran),
@@ -173,44 +208,76 @@ def summarise(results: dict[str, dict]) -> dict:
         "mismatch": outcomes["mismatch"],
         "error": outcomes["error"],
         "crash": outcomes["crash"],
+        "timeout": outcomes["timeout"],
         "dynamo_error": outcomes["dynamo_error"],
         "skipped": outcomes["skipped"],
         "random_or_nondeterministic": outcomes["random"] + outcomes["nondeterministic"],
         "fully_lowered_pct": round(100 * len(lowered) / max(len(passed), 1), 2),
+        "samples": sum(samples.values()),
+        "sample_outcomes": dict(samples),
     }
+
+
+def table(report: dict) -> str:
+    header = ["dtype", "ran", "pass", "mismatch", "backend error", "crash", "timeout", "fully lowered (of passing)",
+              "samples (passing)"]
+    rows = []
+    for dtype, entry in report.items():
+        s = entry["summary"]
+        rows.append([dtype, s["ran"], f"**{s['pass']} ({s['pass_pct']:g}%)**", s["mismatch"], s["error"], s["crash"],
+                     s["timeout"], f"{s['fully_lowered_pct']:.1f}%",
+                     f"{s['samples']} ({s['sample_outcomes'].get('pass', 0)})"])
+    return common.markdown_table(header, rows)
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _, _, dtype, out, samples, *ops = sys.argv
-        _worker(ops, dtype, Path(out), int(samples))
+        common.worker_main(sys.argv[2:], run_task)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=DTYPES)
     parser.add_argument("--ops", nargs="*", help="OpInfo ids to run (default: all)")
-    parser.add_argument("--samples", type=int, default=1, help="samples per op")
-    parser.add_argument("--chunk", type=int, default=60, help="ops per worker process")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per worker")
+    parser.add_argument("--samples", type=int, default=0, help="samples per op (default 0: every usable sample)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per sample")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "opinfo_sweep.json")
+    common.add_worker_arguments(parser)
+    parser.set_defaults(chunk=60)
     args = parser.parse_args()
 
     op_ids = args.ops or _all_op_ids()
-    workdir = args.out.parent / "opinfo_logs"
-    workdir.mkdir(parents=True, exist_ok=True)
     report = {}
-    for dtype in args.dtypes:
-        started = time.perf_counter()
-        results = _run_dtype(op_ids, dtype, workdir, args.chunk, args.samples, args.timeout)
-        summary = summarise(results)
-        summary["seconds"] = round(time.perf_counter() - started, 1)
-        report[dtype] = {"summary": summary, "results": results}
-        print(f"\n== {dtype}: {json.dumps(summary)}")
-        problems = [r for r in results.values() if r["outcome"] in ("mismatch", "error", "crash")]
-        for r in sorted(problems, key=lambda r: r["op"]):
-            print(f"  {r['outcome']:9} {r['op']}: {r.get('error', '')[:160]}")
-        fallback_ops = Counter(op for r in results.values() for op in r.get("fallbacks", []))
-        print("  most common eager fallbacks:", fallback_ops.most_common(12))
+    with common.scratch_dir(args.keep_logs) as scratch:
+        env = common.worker_env(scratch, args)
+        for dtype in args.dtypes:
+            started = time.perf_counter()
+            tasks = [{"id": f"{dtype}/{name}", "op": name, "dtype": dtype, "samples": args.samples,
+                      "timeout": args.timeout} for name in op_ids]
+
+            def progress(record: dict, done: int, total: int, dtype: str = dtype) -> None:
+                if done % 20 == 0 or done == total:
+                    print(f"  {dtype}: {done}/{total} ops", file=sys.stderr, flush=True)
+
+            records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
+                                       jobs=args.jobs, chunk=args.chunk, env=env, workdir=scratch / f"logs-{dtype}",
+                                       timeout=args.timeout, progress=progress)
+            results = {name: op_result(records[f"{dtype}/{name}"], name, dtype) for name in op_ids}
+            summary = summarise(results)
+            summary["seconds"] = round(time.perf_counter() - started, 1)
+            report[dtype] = {"summary": summary, "results": results,
+                             "meta": {**common.environment(), "samples_per_op": args.samples or "all",
+                                      "timeout": args.timeout, "eager_kernels": args.eager_kernels,
+                                      "partial": bool(args.ops)}}
+            print(f"\n== {dtype}: {json.dumps(summary)}")
+            problems = [r for r in results.values() if r["outcome"] in ("mismatch", "error", "crash", "timeout")]
+            for r in sorted(problems, key=lambda r: r["op"]):
+                failing = sum(r["sample_outcomes"].get(o, 0) for o in ("mismatch", "error", "crash", "timeout"))
+                print(f"  {r['outcome']:9} {r['op']} ({failing} of {r['samples']} samples): {r.get('error', '')[:160]}")
+            fallback_ops = Counter(op for r in results.values() for op in r.get("fallbacks", []))
+            print("  most common eager fallbacks:", fallback_ops.most_common(12))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
+    print()
+    print(table(report))
     print(f"\nwrote {args.out}")
 
 

@@ -234,6 +234,7 @@ def test_a_lowering_failure_while_choosing_kernels_does_not_fail_the_call(fn, sh
     torch.testing.assert_close(compiled(fn)(*inputs), fn(*inputs))
 
 
+@pytest.mark.backend_failure_expected
 def test_a_backend_failure_runs_the_graph_eagerly_and_says_so(monkeypatch):
     """The last line of defence: whatever escapes the retry loop costs the graph
     its device, never the user's call; the report names the error."""

@@ -1,0 +1,400 @@
+"""Run PyTorch's ModuleInfo database through backend="tpu" and aot_eager, forward and backward.
+
+``torch.testing._internal.common_modules.module_db`` describes ~110 ``nn``
+modules (convolutions, pools, norms, losses, RNNs, transformers, paddings ...)
+with sample constructor and forward inputs for each (``module_inputs_func``).
+For every module, every sample, float32 on the CPU, in training and eval mode
+(both only where the module's ``train_and_eval_differ`` says they differ, as
+PyTorch's own module tests do; ``--modes both`` runs both everywhere):
+
+* the module is built with seed 0 (so every run gets the same parameters),
+  put in the mode, and called on clones of the sample's inputs (leaves that
+  require grad) with the seed reset before the call;
+* forward: the outputs and the module's buffers after the call (BatchNorm's
+  running statistics) must match eager's;
+* backward: the sum of every floating output that requires grad is
+  backpropagated; the gradients of the parameters and of the inputs must match
+  eager's (a gradient present in one and missing in the other is a mismatch).
+
+The same runs under stock ``torch.compile(backend="aot_eager")`` and under
+``backend="tpu"`` (a fresh ``cache_dir`` per run). Eager runs three times
+first: twice with seed 0 (results differ: uninitialized memory,
+``nondeterministic``) and once with seed 1 (results differ: the module draws
+random numbers, ``random``, e.g. Dropout-like modules or FractionalMaxPool);
+such samples have no reference and are not counted in the table, as in the
+OpInfo sweep (the JSON keeps what the backends did with them).
+
+Outcomes per (sample, backend, direction): pass / mismatch / error / crash
+(worker died) / timeout / skipped (eager fails, or no output requires grad
+for backward). A backward after a failed forward fails the same way. "Fully
+lowered": passed with no eager fallback in that direction's graphs.
+
+    python benchmarks/moduleinfo_sweep.py                       # everything, ~1,900 samples
+    python benchmarks/moduleinfo_sweep.py --modules 'Conv2d|BatchNorm' --limit 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import sweep_common as common  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "moduleinfo.json"
+BACKENDS = ("tpu", "aot_eager")
+DIRECTIONS = ("forward", "backward")
+# float32 tolerances of tests/test_ops.py: XLA's CPU backend approximates
+# transcendental functions and reassociates reductions, a few ulp from ATen.
+TOLERANCE = {"forward": (1e-4, 1e-5), "backward": (1e-4, 1e-5)}
+
+
+# ---------------------------------------------------------------- enumerating
+
+
+def _module_db() -> dict[str, Any]:
+    from torch.testing._internal.common_modules import module_db
+
+    return {info.name: info for info in module_db}
+
+
+_SAMPLES: dict[tuple[str, bool], list] = {}
+
+
+def samples(info: Any, training: bool) -> list:
+    """The module's samples for one mode, generated the same way in every process."""
+    import torch
+
+    key = (info.name, training)
+    if key not in _SAMPLES:
+        common.seeded(0)
+        _SAMPLES[key] = list(info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+                                                     requires_grad=True, training=training))
+    return _SAMPLES[key]
+
+
+def _modes(info: Any, which: str) -> list[bool]:
+    if which == "both" or (which == "pytorch" and info.train_and_eval_differ):
+        return [True, False]
+    return {"train": [True], "eval": [False]}.get(which, [True])
+
+
+def task_id(name: str, training: bool, index: int) -> str:
+    return f"{name}/{'train' if training else 'eval'}/{index}"
+
+
+def _parse_id(task_id_: str) -> tuple[str, bool, int]:
+    name, mode, index = task_id_.rsplit("/", 2)
+    return name, mode == "train", int(index)
+
+
+# ---------------------------------------------------------------- one run
+
+
+class _Run:
+    """One module instance called once (forward) and backpropagated (backward)."""
+
+    def __init__(self, info: Any, sample: Any, training: bool, backend: Optional[str], seed: int,
+                 cache_dir: Optional[str] = None):
+        import torch
+
+        common.seeded(0)
+        constructor = sample.constructor_input
+        module = info.module_cls(*constructor.args, **constructor.kwargs)
+        module.to(torch.float32)
+        module.train(training)
+        self.module = module
+        self.args = common.clone_tree(sample.forward_input.args, keep_grad=True)
+        self.kwargs = common.clone_tree(sample.forward_input.kwargs, keep_grad=True)
+        if backend is None:
+            self.call = module
+        elif backend == "tpu":
+            self.call = torch.compile(module, backend="tpu", options=common.tpu_options(cache_dir))
+        else:
+            self.call = torch.compile(module, backend=backend)
+        self.seed = seed
+        self.output: Any = None
+
+    def forward(self) -> dict:
+        common.seeded(self.seed)
+        self.output = self.call(*self.args, **self.kwargs)
+        return {"output": common.clone_tree(self.output),
+                "buffers": {name: b.detach().clone() for name, b in self.module.named_buffers()}}
+
+    def backward(self) -> Optional[dict]:
+        """Gradients of the parameters and inputs, or None when no output requires grad."""
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        leaves = [t for t in tree_flatten(self.output)[0]
+                  if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+        if not leaves:
+            return None
+        loss = sum((t.real if t.is_complex() else t).sum() for t in leaves)
+        common.seeded(self.seed)
+        loss.backward()
+        inputs = [t for t in tree_flatten((self.args, self.kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = {f"grad of parameter {name}": _grad(p) for name, p in self.module.named_parameters()}
+        grads.update({f"grad of input {i}": _grad(t) for i, t in enumerate(inputs)})
+        return grads
+
+
+def _grad(tensor: Any) -> Any:
+    return None if tensor.grad is None else tensor.grad.detach().clone()
+
+
+def _differences(actual: Any, expected: Any, direction: str) -> list[str]:
+    rtol, atol = TOLERANCE[direction]
+    if direction == "backward":
+        problems = []
+        for name in sorted(set(actual) | set(expected)):
+            a, e = actual.get(name), expected.get(name)
+            if (a is None) != (e is None):
+                problems.append(f"{name}: {'missing' if a is None else 'present'} (eager: "
+                                f"{'missing' if e is None else 'present'})")
+            elif a is not None:
+                problems += common.compare(a, e, rtol, atol, path=name, limit=3)
+        return problems[:5]
+    problems = common.compare(actual["output"], expected["output"], rtol, atol, path="output")
+    problems += common.compare(actual["buffers"], expected["buffers"], rtol, atol, path="buffers")
+    return problems[:5]
+
+
+def _reference(info: Any, sample: Any, training: bool) -> tuple[dict, dict]:
+    """Eager's forward and backward, and whether eager is deterministic."""
+    results = []
+    # A lazy module draws its parameters in its first call: a second seed
+    # changes them, which says nothing about the forward, so lazy modules get
+    # only the same-seed check.
+    seeds = (0, 0) if info.is_lazy else (0, 0, 1)
+    for seed in seeds:
+        run = _Run(info, sample, training, None, seed)
+        results.append((run.forward(), run.backward()))
+    (forward, backward), checks = results[0], list(zip(("nondeterministic", "random"), results[1:]))
+    note = {}
+    for label, candidate in checks:
+        problems = _differences(candidate[0], forward, "forward")
+        if backward is not None and candidate[1] is not None:
+            problems += _differences(candidate[1], backward, "backward")
+        if problems:
+            note = {"reference": label, "reference_detail": "; ".join(problems)[:300]}
+            break
+    return {"forward": forward, "backward": backward}, note
+
+
+# ---------------------------------------------------------------- worker
+
+
+def run_task(task: dict, log: common.WorkerLog) -> None:
+    import torch
+
+    name, training, index = _parse_id(task["id"])
+    info = _module_db()[name]
+    sample = samples(info, training)[index]
+    log.info(desc=sample.desc)
+    reference = None
+    with log.phase("eager") as record:
+        try:
+            reference, note = _reference(info, sample, training)
+        except Exception as exc:  # noqa: BLE001
+            record.update(common.describe(exc), error_kind="eager")
+        else:
+            record.update(outcome=common.PASS, backward=reference["backward"] is not None, **note)
+    for backend in ("aot_eager", "tpu"):  # the stock backend first: a tpu crash cannot lose it
+        phases = [f"{backend}:{d}" for d in DIRECTIONS]
+        if not any(log.wants(p) for p in phases):
+            continue
+        if reference is None:
+            for phase in phases:
+                log.skip(phase, "eager failed")
+            continue
+        torch._dynamo.reset()
+        with common.fresh_cache_dir() as cache_dir:
+            if backend == "tpu":
+                import tpu_inductor.report as report
+
+                report.reset()
+            run = _Run(info, sample, training, backend, 0, cache_dir)
+            failed = None
+            with log.phase(f"{backend}:forward") as record:
+                try:
+                    actual = run.forward()
+                except Exception as exc:  # noqa: BLE001
+                    record.update(common.describe(exc))
+                    failed = record
+                else:
+                    problems = _differences(actual, reference["forward"], "forward")
+                    record.update(outcome=common.MISMATCH if problems else common.PASS)
+                    if problems:
+                        record["error"] = "; ".join(problems)[:1000]
+                if backend == "tpu":
+                    record.update(common.backend_facts(("forward", "inference")))
+            with log.phase(f"{backend}:backward") as record:
+                if failed is not None:
+                    record.update(outcome=failed["outcome"], error=f"not run: forward {failed['outcome']}")
+                elif reference["backward"] is None:
+                    record.update(outcome=common.SKIPPED, error="no output requires grad")
+                else:
+                    try:
+                        grads = run.backward()
+                    except Exception as exc:  # noqa: BLE001
+                        record.update(common.describe(exc))
+                    else:
+                        problems = (["no output requires grad (eager's do)"] if grads is None
+                                    else _differences(grads, reference["backward"], "backward"))
+                        record.update(outcome=common.MISMATCH if problems else common.PASS)
+                        if problems:
+                            record["error"] = "; ".join(problems)[:1000]
+                    if backend == "tpu":
+                        record.update(common.backend_facts(("backward",)))
+
+
+# ---------------------------------------------------------------- parent
+
+
+def _phase(record: dict, phase: str) -> dict:
+    return record["phases"].get(phase, {})
+
+
+def _counted(record: dict) -> bool:
+    eager = _phase(record, "eager")
+    return eager.get("outcome") == common.PASS and not eager.get("reference")
+
+
+def _passes(record: dict, backend: str, direction: str) -> bool:
+    """Passed; a backward with nothing to backpropagate passes with its forward."""
+    outcome = _phase(record, f"{backend}:{direction}").get("outcome")
+    return outcome == common.PASS or (direction == "backward" and not _phase(record, "eager").get("backward")
+                                      and _phase(record, f"{backend}:forward").get("outcome") == common.PASS)
+
+
+def summarise(records: dict[str, dict]) -> dict:
+    counted = [r for r in records.values() if _counted(r)]
+    summary: dict[str, Any] = {
+        "samples": len(records),
+        "modules": len({_parse_id(i)[0] for i in records}),
+        "eager_failed": sum(_phase(r, "eager").get("outcome") != common.PASS for r in records.values()),
+        "random_or_nondeterministic": sum(bool(_phase(r, "eager").get("reference")) for r in records.values()),
+        "ran": len(counted),
+        "with_backward": sum(bool(_phase(r, "eager").get("backward")) for r in counted),
+    }
+    for direction in DIRECTIONS:
+        # Backward counts the samples with an output that requires grad.
+        rows = [r for r in counted if direction == "forward" or _phase(r, "eager").get("backward")]
+        for backend in BACKENDS:
+            phase = f"{backend}:{direction}"
+            counts = common.count(_phase(r, phase).get("outcome", common.SKIPPED) for r in rows)
+            counts["ran"] = len(rows)
+            counts["dynamo_errors"] = sum(_phase(r, phase).get("error_kind") == "dynamo" for r in rows)
+            if backend == "tpu":
+                counts["fully_lowered"] = sum(_phase(r, phase).get("outcome") == common.PASS
+                                              and not _phase(r, phase).get("fallbacks") for r in rows)
+            summary[phase] = counts
+        summary[f"{direction}:tpu_fails_aot_eager_passes"] = sorted(
+            r["id"] for r in rows
+            if _phase(r, f"tpu:{direction}").get("outcome") != common.PASS
+            and _phase(r, f"aot_eager:{direction}").get("outcome") == common.PASS)
+    by_module: dict[str, list[dict]] = {}
+    for record in counted:
+        by_module.setdefault(_parse_id(record["id"])[0], []).append(record)
+    summary["modules_all_samples_pass"] = {
+        backend: sum(all(_passes(r, backend, d) for r in rs for d in DIRECTIONS) for rs in by_module.values())
+        for backend in BACKENDS}
+    summary["modules_counted"] = len(by_module)
+    return summary
+
+
+def table(summary: dict) -> str:
+    header = ["direction", "backend", "ran", "pass", "mismatch", "error (of which Dynamo)", "crash", "timeout",
+              "fully lowered", "tpu passes / aot_eager passes"]
+    rows = []
+    for direction in DIRECTIONS:
+        tpu, aot = summary[f"tpu:{direction}"], summary[f"aot_eager:{direction}"]
+        for backend, c in (("tpu", tpu), ("aot_eager", aot)):
+            lowered = f"{c['fully_lowered']} ({common.pct(c['fully_lowered'], c['ran'])})" if backend == "tpu" else "-"
+            ratio = f"{tpu['pass']} / {aot['pass']}" if backend == "tpu" else ""
+            rows.append([direction, backend, c["ran"], f"**{c['pass']}** ({common.pct(c['pass'], c['ran'])})",
+                         c["mismatch"], f"{c['error']} ({c['dynamo_errors']})", c["crash"], c["timeout"],
+                         lowered, ratio])
+    lines = [common.markdown_table(header, rows), ""]
+    lines.append(f"{summary['samples']} samples of {summary['modules']} modules; {summary['eager_failed']} fail in "
+                 f"eager and {summary['random_or_nondeterministic']} are random or nondeterministic in eager (not "
+                 f"counted); backward: the {summary['with_backward']} counted samples with an output that requires "
+                 "grad.")
+    lines.append(f"modules (of {summary['modules_counted']}) with every sample passing forward and backward: "
+                 + ", ".join(f"{b} {n}" for b, n in summary["modules_all_samples_pass"].items()))
+    for direction in DIRECTIONS:
+        bugs = summary[f"{direction}:tpu_fails_aot_eager_passes"]
+        lines.append(f"{direction}: tpu fails where aot_eager passes: {len(bugs)}"
+                     + (f" ({', '.join(bugs[:15])}{', ...' if len(bugs) > 15 else ''})" if bugs else ""))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        common.worker_main(argv[1:], run_task)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modules", help="regular expression a module name must contain (e.g. 'Conv2d|GRU')")
+    parser.add_argument("--modes", choices=("pytorch", "both", "train", "eval"), default="pytorch",
+                        help="pytorch: eval too only where train_and_eval_differ (as PyTorch's tests); both: always")
+    parser.add_argument("--limit", type=int, help="first N samples")
+    parser.add_argument("--samples-per-module", type=int, help="at most N samples per module and mode")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    common.add_worker_arguments(parser)
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    tasks = []
+    for name, info in _module_db().items():
+        if args.modules and not re.search(args.modules, name):
+            continue
+        for training in _modes(info, args.modes):
+            count = len(samples(info, training))
+            if args.samples_per_module is not None:
+                count = min(count, args.samples_per_module)
+            tasks += [{"id": task_id(name, training, i)} for i in range(count)]
+    if args.limit is not None:
+        tasks = tasks[: args.limit]
+    phases = ["eager"] + [f"{b}:{d}" for b in ("aot_eager", "tpu") for d in DIRECTIONS]
+    depends = {f"{b}:forward": "eager" for b in BACKENDS} | {f"{b}:backward": f"{b}:forward" for b in BACKENDS}
+    for task in tasks:
+        task.update(phases=phases, depends=depends, reference=["eager"], timeout=args.timeout)
+
+    def progress(record: dict, done: int, total: int) -> None:
+        phases_ = record["phases"]
+        cells = " ".join(f"{p}={phases_.get(p, {}).get('outcome', '?')}" for p in phases)
+        note = next((phases_[p].get("error", "") for p in reversed(phases)
+                     if phases_.get(p, {}).get("outcome") not in (None, common.PASS, common.SKIPPED)), "")
+        seconds = sum(p.get("seconds", 0) for p in phases_.values())
+        print(f"[{done}/{total}] {record['id']}: {cells} {seconds:.1f}s {note[:160]}", flush=True)
+
+    print(f"{len(tasks)} samples", flush=True)
+    with common.scratch_dir(args.keep_logs) as scratch:
+        records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
+                                   jobs=args.jobs, chunk=args.chunk, env=common.worker_env(scratch, args),
+                                   workdir=scratch / "logs", timeout=args.timeout, progress=progress)
+    summary = summarise(records)
+    meta = {**common.environment(), "modes": args.modes, "tolerance": TOLERANCE, "timeout": args.timeout,
+            "selection": {"modules": args.modules, "limit": args.limit, "samples_per_module": args.samples_per_module,
+                          "samples": len(tasks),
+                          "partial": bool(args.modules or args.limit is not None or args.samples_per_module)},
+            "jobs": args.jobs, "eager_kernels": args.eager_kernels,
+            "seconds": round(time.perf_counter() - started, 1)}
+    common.write_json(args.out, {"meta": meta, "summary": summary, "samples": records})
+    print()
+    print(table(summary))
+    print(f"\n{len(tasks)} samples in {meta['seconds']:.0f} s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""What the correctness sweeps share: worker processes, outcomes, comparison, output.
+
+Used by ``opinfo_sweep.py`` (PyTorch's OpInfo database), ``moduleinfo_sweep.py``
+(PyTorch's ModuleInfo database) and ``torch_mlir_e2e.py`` (torch-mlir's own
+end-to-end suite).
+
+Worker processes and crash accounting live in :mod:`sweep_workers`; the
+names are re-exported here so each sweep imports one module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from benchmarks.sweep_workers import (  # noqa: F401  (re-exported for the sweeps)
+    CRASH,
+    CRASH_ENV,
+    ERROR,
+    FAILURES,
+    HANG_ENV,
+    MISMATCH,
+    OUTCOMES,
+    PASS,
+    ROOT,
+    SCRATCH_ENV,
+    SKIPPED,
+    TIMEOUT,
+    WorkerLog,
+    describe,
+    describe_exit,
+    root_cause,
+    run_tasks,
+    worker_main,
+)
+# ---------------------------------------------------------------- in the worker
+
+
+@contextlib.contextmanager
+def fresh_cache_dir() -> Iterator[str]:
+    """A new, empty ``cache_dir`` for one compiled run, removed afterwards."""
+    root = os.environ.get(SCRATCH_ENV) or None
+    path = tempfile.mkdtemp(prefix="cache-", dir=root)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def backend_facts(kinds: Optional[Iterable[str]] = None) -> dict:
+    """What backend="tpu" did since ``report.reset()``: fallbacks, islands, graph breaks.
+
+    ``kinds`` limits it to graphs of those kinds (``forward``/``inference`` or ``backward``)."""
+    import tpu_inductor.report as report
+
+    current = report.current()
+    graphs = [g for g in current.graphs if kinds is None or g.kind in set(kinds)]
+    fallbacks = [f for g in graphs for f in g.fallbacks]
+    return {
+        "graphs": len(graphs),
+        "islands": sum(len(g.islands) for g in graphs),
+        "fallbacks": sorted({f.op for f in fallbacks}),
+        "fallback_reasons": sorted({f"{f.op}: {f.reason}"[:200] for f in fallbacks})[:10],
+        "graph_breaks": len(current.graph_breaks),
+    }
+
+
+EAGER_KERNELS_ENV = "SWEEP_EAGER_KERNELS"
+
+
+def tpu_options(cache_dir: str) -> dict:
+    """Options for backend="tpu" in a sweep: a fresh cache directory, and (unless
+    the sweep ran with ``--eager-kernels``) no routing of lowerable ops to
+    PyTorch's kernels for speed, so what passes is what the device lowering computed."""
+    return {"cache_dir": cache_dir, "eager_kernels": os.environ.get(EAGER_KERNELS_ENV) == "1"}
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def compare(actual: Any, expected: Any, rtol: float, atol: float, path: str = "out",
+            limit: int = 5) -> list[str]:
+    """Differences between two output trees (empty when they match).
+
+    Same structure, types, shapes and dtypes; floating (and complex) values
+    within ``rtol``/``atol`` with NaNs equal; integers and bools exactly."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    problems: list[str] = []
+    got, got_spec = tree_flatten(actual)
+    want, want_spec = tree_flatten(expected)
+    if got_spec != want_spec:
+        return [f"{path}: structure {_short(got_spec)} != {_short(want_spec)}"]
+    for index, (a, e) in enumerate(zip(got, want)):
+        where = f"{path}[{index}]" if len(want) > 1 or want_spec.num_children else path
+        if isinstance(e, torch.Tensor):
+            problem = _compare_tensors(a, e, rtol, atol)
+        elif isinstance(e, float) and isinstance(a, (float, int)) and not isinstance(a, bool):
+            ok = (math.isnan(e) and math.isnan(a)) or abs(a - e) <= atol + rtol * abs(e)
+            problem = None if ok else f"{a!r} != {e!r}"
+        else:
+            problem = None if type(a) is type(e) and _equal(a, e) else f"{_short(a)} != {_short(e)}"
+        if problem:
+            problems.append(f"{where}: {problem}")
+            if len(problems) >= limit:
+                break
+    return problems
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+def _compare_tensors(a: Any, e: Any, rtol: float, atol: float) -> Optional[str]:
+    import torch
+
+    if not isinstance(a, torch.Tensor):
+        return f"{type(a).__name__} instead of a tensor"
+    if a.shape != e.shape:
+        return f"shape {tuple(a.shape)} != {tuple(e.shape)}"
+    if a.dtype != e.dtype:
+        return f"dtype {a.dtype} != {e.dtype}"
+    a, e = a.detach(), e.detach()
+    if a.layout != torch.strided:
+        a = a.to_dense()
+    if e.layout != torch.strided:
+        e = e.to_dense()
+    if a.is_quantized:
+        a, e = a.dequantize(), e.dequantize()
+    if a.device != e.device:
+        a = a.to(e.device)
+    if not (e.dtype.is_floating_point or e.dtype.is_complex):
+        if torch.equal(a, e):
+            return None
+        differ = int((a != e).sum())
+        return f"{differ} of {e.numel()} values differ"
+    close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    if bool(close.all()):
+        return None
+    wrong = ~close
+    diff = (a.to(torch.complex128 if e.dtype.is_complex else torch.float64)
+            - e.to(torch.complex128 if e.dtype.is_complex else torch.float64)).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    worst = int(torch.argmax(torch.where(wrong, diff, torch.zeros_like(diff))).item())
+    flat_a, flat_e = a.reshape(-1), e.reshape(-1)
+    return (f"{int(wrong.sum())} of {e.numel()} values differ (max abs diff {float(diff.max()):.3g}; "
+            f"at flat index {worst}: {flat_a[worst].item():.6g} vs {flat_e[worst].item():.6g}; "
+            f"rtol {rtol:g} atol {atol:g})")
+
+
+def clone_tree(tree: Any, keep_grad: bool = False) -> Any:
+    """Clone every tensor leaf; ``keep_grad`` keeps them leaves that require grad when the originals did."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def clone(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        copy = leaf.detach().clone()
+        if keep_grad and leaf.requires_grad:
+            copy.requires_grad_(True)
+        return copy
+
+    return tree_map(clone, tree)
+
+
+def seeded(seed: int = 0) -> None:
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------- output
+
+
+def count(outcomes: Iterable[str]) -> dict[str, int]:
+    counts = {outcome: 0 for outcome in OUTCOMES}
+    for outcome in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
+
+
+def pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def environment() -> dict:
+    """Versions and the tpu_inductor commit the sweep ran against."""
+    from importlib import metadata
+
+    import torch
+
+    def version(package: str) -> Optional[str]:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "torch": torch.__version__,
+        "torch_mlir": version("torch-mlir"),
+        "jax": version("jax"),
+        "jaxlib": version("jaxlib"),
+        "tpu_inductor_commit": git("rev-parse", "HEAD"),
+        "tpu_inductor_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "cpus": os.cpu_count(),
+    }
+
+
+def worker_env(scratch: Path, args: Any = None) -> dict:
+    """The workers' environment: every cache under ``scratch`` (nothing from an
+    earlier run can be hit), ``--eager-kernels``, and the crash/hang injections."""
+    crash_at = getattr(args, "crash_at", ())
+    hang_at = getattr(args, "hang_at", ())
+    env = dict(os.environ)
+    env[EAGER_KERNELS_ENV] = "1" if getattr(args, "eager_kernels", False) else "0"
+    env[SCRATCH_ENV] = str(scratch)
+    env["TPU_INDUCTOR_CACHE_DIR"] = str(scratch / "default-cache")
+    env.pop("TPU_INDUCTOR_REPORT_DIR", None)
+    if crash_at:
+        env[CRASH_ENV] = ",".join(crash_at)
+    if hang_at:
+        env[HANG_ENV] = ",".join(hang_at)
+    return env
+
+
+def add_worker_arguments(parser: Any) -> None:
+    """The options every sweep takes for its workers."""
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes at a time")
+    parser.add_argument("--chunk", type=int, default=50, help="tasks per worker process")
+    parser.add_argument("--crash-at", action="append", default=[], metavar="ID:PHASE",
+                        help="make the worker abort as this phase starts (checks crash counting)")
+    parser.add_argument("--hang-at", action="append", default=[], metavar="ID:PHASE",
+                        help="make the worker hang in this phase (checks timeouts)")
+    parser.add_argument("--keep-logs", type=Path, help="keep the workers' logs and stderr in this directory")
+    parser.add_argument("--eager-kernels", action="store_true",
+                        help="let backend='tpu' route ops to PyTorch's kernels where faster (off: test the lowering)")
+
+
+@contextlib.contextmanager
+def scratch_dir(keep: Optional[Path] = None) -> Iterator[Path]:
+    """The sweep's scratch root (worker logs, fresh cache directories); removed
+    afterwards unless ``keep`` names where to keep it."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    path = Path(tempfile.mkdtemp(prefix="sweep-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

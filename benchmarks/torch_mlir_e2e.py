@@ -1,0 +1,470 @@
+"""Run torch-mlir's own end-to-end test suite through backend="tpu" and aot_eager.
+
+torch-mlir keeps ~1,800 end-to-end tests (``projects/pt1/python/torch_mlir_e2e_test``
+in the llvm/torch-mlir repository): small ``nn.Module``s, each with an invoker
+that calls it on inputs from ``TestUtils``. Nobody here wrote them, so they
+test this backend on code it was not tuned for. The suite is not part of the
+torch-mlir wheel; point ``--suite-dir`` at a source checkout (nothing from it
+is copied into this repository). Pinned commit, see ``PINNED_COMMIT``::
+
+    git --git-dir=<torch-mlir.git> archive 0029fc2e102c6d604696b33eb618116b4957a2e3 \\
+        projects/pt1/python/torch_mlir_e2e_test projects/pt1/python/torch_mlir/_version.py \\
+        projects/pt1/e2e_testing | tar -x -C /tmp/torch-mlir-src
+    echo 0029fc2e102c6d604696b33eb618116b4957a2e3 > /tmp/torch-mlir-src/TORCH_MLIR_COMMIT
+    python benchmarks/torch_mlir_e2e.py --suite-dir /tmp/torch-mlir-src --limit 40
+
+For each test, as torch-mlir's framework does: build the module with the
+test's factory and run its invoker on a tracing wrapper, which records each
+call's inputs and eager ("golden") output (and here also the RNG state before
+the call). Then the recorded calls are replayed on a fresh module from the
+factory: once in eager (the reference for in-place updates of inputs, and a
+determinism check), once under stock ``torch.compile(backend="aot_eager")``
+and once under ``torch.compile(backend="tpu")`` with a fresh ``cache_dir``.
+Outputs are compared with torch-mlir's own ``ValueReport`` (its tolerances:
+rtol 1e-3 / atol 1e-7 for tensors, 1e-4 relative for floats, exact dtypes and
+shapes); inputs the module updates in place must also end up as in eager.
+
+Outcomes per backend: ``pass``, ``mismatch``, ``error`` (``error_kind``
+dynamo / backend / runtime), ``crash`` (the worker died: segfault, abort),
+``timeout`` (past the test's ``timeout_seconds``, or ``--timeout``), and
+``skipped`` when eager itself fails (e.g. the torchvision tests where
+torchvision is not installed) or times out. "Fully lowered" is a tpu pass with
+no eager fallback in ``report.current().fallbacks()``. Tests in
+``FX_IMPORTER_STABLEHLO_XFAIL_SET`` (and ``..._CRASHING_SET``) of the suite's
+``xfail_sets.py``, which torch-mlir's own FX-importer StableHLO path fails,
+are summarised on their own line.
+
+torch-mlir's framework imports ``multiprocess`` and some tests ``torchvision``;
+when they are not installed, stand-ins are put in ``sys.modules`` (the
+framework's process pool is not used; torchvision tests fail in eager and are
+skipped).
+
+    python benchmarks/torch_mlir_e2e.py --suite-dir /tmp/torch-mlir-src           # all, ~1,800
+    python benchmarks/torch_mlir_e2e.py --suite-dir /tmp/torch-mlir-src --filter 'Conv|Pool' -j 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import sweep_common as common  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "torch_mlir_e2e.json"
+
+# The torch-mlir wheel here is version 20261001 (a nightly date); wheels name
+# no source commit. Its libraries say they were built from LLVM
+# 10dbfc4863c9aea2fb237022c3f47fc24c02265e ("LLVM 24.0.0git (10dbfc48...)" in
+# libTorchMLIRAggregateCAPI.so), which torch-mlir's externals/llvm-project
+# took at 5f9e4a30 (2026-08-13, "Integrate LLVM at 10dbfc48") and still has at
+# 0029fc2e (2026-08-20), the newest commit available to us. The wheel's Python
+# files (fx_importer.py: uint32, graph_node_importer_cls) are newer still than
+# 0029fc2e, so the wheel was built after it from the same LLVM: 0029fc2e is
+# the closest commit we can pin, and the suite there matches the wheel's
+# lowering within a few weeks of torch-mlir changes.
+PINNED_COMMIT = "0029fc2e102c6d604696b33eb618116b4957a2e3"
+WHEEL_LLVM_COMMIT = "10dbfc4863c9aea2fb237022c3f47fc24c02265e"
+COMMIT_FILE = "TORCH_MLIR_COMMIT"
+SUITE_ENV = "TORCH_MLIR_E2E_SUITE_DIR"
+PHASES = ("eager", "aot_eager", "tpu")
+BACKENDS = ("tpu", "aot_eager")
+XFAIL_SETS = ("FX_IMPORTER_STABLEHLO_XFAIL_SET", "FX_IMPORTER_STABLEHLO_CRASHING_SET")
+
+
+# ---------------------------------------------------------------- importing the suite
+
+
+class _Missing(types.ModuleType):
+    """A module that is not installed: importable, failing on first use."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ModuleNotFoundError(f"{self.__name__.split('.')[0]} is not installed (stand-in module)")
+
+
+def _stand_ins() -> list[str]:
+    """Put stand-ins for what the suite imports but the tests here do not need."""
+    added = []
+    try:
+        import multiprocess  # noqa: F401
+    except ImportError:
+        # framework.py imports it for its process pool (run_tests), which is not used here.
+        module = types.ModuleType("multiprocess")
+        module.cpu_count = os.cpu_count
+        module.set_start_method = lambda *args, **kwargs: None
+        sys.modules["multiprocess"] = module
+        added.append("multiprocess")
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        # vision_models.py and conv.py import it at module level; their tests fail in eager.
+        package = _Missing("torchvision")
+        package.__path__ = []
+        for sub in ("models", "ops"):
+            setattr(package, sub, _Missing(f"torchvision.{sub}"))
+            sys.modules[f"torchvision.{sub}"] = getattr(package, sub)
+        sys.modules["torchvision"] = package
+        added.append("torchvision")
+    return added
+
+
+def _python_dir(suite_dir: Path) -> Path:
+    return suite_dir / "projects" / "pt1" / "python"
+
+
+def suite_commit(suite_dir: Path) -> tuple[str, str]:
+    """(commit, how it was found) of the checkout at ``suite_dir``."""
+    try:
+        result = subprocess.run(["git", "-C", str(suite_dir), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=30)
+        if result.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", result.stdout.strip()):
+            return result.stdout.strip(), "git rev-parse HEAD"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    marker = suite_dir / COMMIT_FILE
+    if marker.exists():
+        return marker.read_text().strip(), COMMIT_FILE
+    return "unknown", "no git checkout and no TORCH_MLIR_COMMIT file"
+
+
+def import_suite(suite_dir: Path) -> tuple[dict, dict, list[str]]:
+    """``({name: Test}, {xfail set name: set of names}, stand-ins used)``."""
+    python_dir = _python_dir(suite_dir)
+    if not (python_dir / "torch_mlir_e2e_test").is_dir():
+        raise SystemExit(f"{python_dir / 'torch_mlir_e2e_test'} not found: --suite-dir must be a torch-mlir checkout")
+    added = _stand_ins()
+    # Appended, not prepended: the installed wheel's torch_mlir modules win over
+    # same-named files of the checkout (torch_mlir is a namespace package, so
+    # the checkout's projects/pt1/python/torch_mlir/_version.py joins it).
+    sys.path.append(str(python_dir))
+    try:
+        import torch_mlir._version  # noqa: F401
+    except ImportError:
+        from packaging import version as packaging_version
+
+        import torch
+
+        shim = types.ModuleType("torch_mlir._version")
+        shim.version = packaging_version
+        shim.torch_version_for_comparison = lambda: packaging_version.parse(torch.__version__.split("+", 1)[0])
+        sys.modules["torch_mlir._version"] = shim
+        added.append("torch_mlir._version")
+    from torch_mlir_e2e_test.registry import GLOBAL_TEST_REGISTRY
+    from torch_mlir_e2e_test.test_suite import register_all_tests
+
+    if not GLOBAL_TEST_REGISTRY:
+        register_all_tests()
+    tests = {test.unique_name: test for test in GLOBAL_TEST_REGISTRY}
+    xfails: dict[str, set] = {}
+    path = suite_dir / "projects" / "pt1" / "e2e_testing" / "xfail_sets.py"
+    if path.exists():
+        spec = importlib.util.spec_from_file_location("torch_mlir_e2e_xfail_sets", path)
+        module = importlib.util.module_from_spec(spec)
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints the torch version
+            spec.loader.exec_module(module)
+        xfails = {name: set(getattr(module, name, set())) for name in XFAIL_SETS}
+    return tests, xfails, added
+
+
+# ---------------------------------------------------------------- worker
+
+
+_TESTS: dict = {}
+
+
+def _setup_worker() -> None:
+    global _TESTS
+    _TESTS, _, _ = import_suite(Path(os.environ[SUITE_ENV]))
+
+
+class _Tracer:
+    """torch-mlir's ``framework._Tracer``, also keeping the RNG state before each call."""
+
+    def __init__(self, wrapped: Any, path: list[str], trace: list[dict]):
+        self.__wrapped__ = wrapped
+        self.__trace__ = trace
+        self.__path__ = path
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        inputs = common.clone_tree(list(args))
+        kw = common.clone_tree(dict(kwargs))
+        rng = torch.get_rng_state()
+        output = self.__wrapped__(*args, **kwargs)
+        self.__trace__.append({"symbol": ".".join(self.__path__), "inputs": inputs, "kwargs": kw,
+                               "rng": rng, "output": common.clone_tree(output)})
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        return _Tracer(getattr(self.__wrapped__, name), self.__path__ + [name], self.__trace__)
+
+
+def _golden_trace(test: Any) -> list[dict]:
+    from torch_mlir_e2e_test.framework import TestUtils
+
+    common.seeded(0)
+    module = test.program_factory()
+    trace: list[dict] = []
+    test.program_invoker(_Tracer(module, [], trace), TestUtils())
+    return trace
+
+
+def _resolve(module: Any, symbol: str) -> Any:
+    target = module
+    for part in symbol.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _replay(test: Any, trace: list[dict], backend: Optional[str], cache_dir: Optional[str]) -> list[tuple]:
+    """(output, inputs after the call) of each traced call, on a fresh module."""
+    import torch
+
+    common.seeded(0)
+    module = test.program_factory()
+    callables: dict[str, Any] = {}
+    results = []
+    for item in trace:
+        symbol = item["symbol"]
+        if symbol not in callables:
+            target = module if symbol == "forward" else _resolve(module, symbol)
+            if backend is None:
+                callables[symbol] = target
+            elif backend == "tpu":
+                callables[symbol] = torch.compile(target, backend="tpu", options=common.tpu_options(cache_dir))
+            else:
+                callables[symbol] = torch.compile(target, backend=backend)
+        args, kwargs = common.clone_tree(item["inputs"]), common.clone_tree(item["kwargs"])
+        torch.set_rng_state(item["rng"])
+        output = callables[symbol](*args, **kwargs)
+        results.append((common.clone_tree(output), args))
+    return results
+
+
+def _differences(trace: list[dict], results: list[tuple], eager: Optional[list[tuple]]) -> list[str]:
+    """torch-mlir's verdict on the outputs, then the inputs updated in place against eager's."""
+    from torch_mlir_e2e_test.reporting import ErrorContext, ValueReport
+
+    problems = []
+    for index, (item, (output, inputs)) in enumerate(zip(trace, results)):
+        context = ErrorContext.empty().chain(f'trace item #{index}: output of call to "{item["symbol"]}"')
+        report = ValueReport(output, item["output"], context)
+        if report.failed:
+            detail = common.compare(output, item["output"], rtol=1e-3, atol=1e-7, limit=2)
+            problems.append(" ".join(report.error_str().split("\n")[-1:]) + (f" [{'; '.join(detail)}]" if detail else ""))
+        if eager is not None:
+            for position, (got, want) in enumerate(zip(inputs, eager[index][1])):
+                report = ValueReport(got, want, ErrorContext.empty())
+                if report.failed:
+                    problems.append(f"input #{position} of call #{index} after the call (updated in place) differs "
+                                    "from eager's: " + report.error_str().split("\n")[-1])
+    return problems
+
+
+def _run_backend(test: Any, trace: list[dict], backend: str, eager: list[tuple]) -> dict:
+    import torch
+
+    torch._dynamo.reset()
+    record: dict = {}
+    with common.fresh_cache_dir() as cache_dir:
+        if backend == "tpu":
+            import tpu_inductor.report as report
+
+            report.reset()
+        try:
+            results = _replay(test, trace, backend, cache_dir)
+        except Exception as exc:  # noqa: BLE001
+            record.update(common.describe(exc))
+        else:
+            problems = _differences(trace, results, eager)
+            record.update(outcome=common.MISMATCH if problems else common.PASS)
+            if problems:
+                record["error"] = "; ".join(problems)[:1000]
+        if backend == "tpu":
+            record.update(common.backend_facts())
+    return record
+
+
+def run_task(task: dict, log: common.WorkerLog) -> None:
+    test = _TESTS[task["id"]]
+    trace = eager = None
+    # The reference always runs (a later worker needs it too) and is always recorded.
+    with log.phase("eager") as record:
+        try:
+            trace = _golden_trace(test)
+            eager = _replay(test, trace, None, None)
+        except Exception as exc:  # noqa: BLE001
+            record.update(common.describe(exc))
+            record["error_kind"] = "eager"
+            trace = None
+        else:
+            again = _differences(trace, eager, None)
+            record.update(outcome=common.PASS, calls=len(trace))
+            if again:  # eager twice on the same inputs and RNG state disagrees
+                record.update(reference="nondeterministic", error="; ".join(again)[:500])
+    for backend in ("aot_eager", "tpu"):  # the stock backend first: a tpu crash cannot lose it
+        if not log.wants(backend):
+            continue
+        if trace is None:
+            log.skip(backend, "eager failed")
+            continue
+        with log.phase(backend) as record:
+            record.update(_run_backend(test, trace, backend, eager))
+
+
+# ---------------------------------------------------------------- parent
+
+
+def _outcome(record: dict, phase: str) -> str:
+    return record["phases"].get(phase, {}).get("outcome", common.SKIPPED)
+
+
+def _ran(record: dict) -> bool:
+    """Eager ran and is deterministic: there is something to compare with."""
+    eager = record["phases"].get("eager", {})
+    return eager.get("outcome") == common.PASS and eager.get("reference") != "nondeterministic"
+
+
+def _fully_lowered(record: dict) -> bool:
+    tpu = record["phases"].get("tpu", {})
+    return tpu.get("outcome") == common.PASS and not tpu.get("fallbacks")
+
+
+def summarise(records: dict[str, dict], xfails: dict[str, set]) -> dict:
+    ran = [r for r in records.values() if _ran(r)]
+    summary: dict[str, Any] = {
+        "tests": len(records),
+        "eager_failed": sum(_outcome(r, "eager") != common.PASS for r in records.values()),
+        "nondeterministic": sum(r["phases"].get("eager", {}).get("reference") == "nondeterministic"
+                                for r in records.values()),
+        "ran": len(ran),
+    }
+    for backend in BACKENDS:
+        counts = common.count(_outcome(r, backend) for r in ran)
+        counts["dynamo_errors"] = sum(r["phases"].get(backend, {}).get("error_kind") == "dynamo" for r in ran)
+        summary[backend] = counts
+    summary["tpu"]["fully_lowered"] = sum(_fully_lowered(r) for r in ran)
+    summary["tpu"]["pass_without_device_island"] = sum(
+        _outcome(r, "tpu") == common.PASS and not r["phases"]["tpu"].get("islands") for r in ran)
+    summary["tpu_fails_aot_eager_passes"] = sorted(
+        r["id"] for r in ran if _outcome(r, "tpu") != common.PASS and _outcome(r, "aot_eager") == common.PASS)
+    summary["tpu_passes_aot_eager_fails"] = sorted(
+        r["id"] for r in ran if _outcome(r, "tpu") == common.PASS and _outcome(r, "aot_eager") != common.PASS)
+    for name, members in xfails.items():
+        listed = [r for r in ran if r["id"] in members]
+        summary[name] = {"ran": len(listed), "in_run": sum(r["id"] in members for r in records.values()),
+                         **{b: sum(_outcome(r, b) == common.PASS for r in listed) for b in BACKENDS},
+                         "tpu_fully_lowered": sum(_fully_lowered(r) for r in listed)}
+    return summary
+
+
+def table(summary: dict) -> str:
+    header = ["backend", "ran", "pass", "mismatch", "error (of which Dynamo)", "crash", "timeout", "fully lowered"]
+    rows = []
+    for backend in BACKENDS:
+        c = summary[backend]
+        lowered = (f"{c['fully_lowered']} ({common.pct(c['fully_lowered'], summary['ran'])})"
+                   if backend == "tpu" else "-")
+        rows.append([backend, summary["ran"], f"**{c['pass']}** ({common.pct(c['pass'], summary['ran'])})",
+                     c["mismatch"], f"{c['error']} ({c['dynamo_errors']})", c["crash"], c["timeout"], lowered])
+    lines = [common.markdown_table(header, rows), ""]
+    lines.append(f"{summary['tests']} tests; {summary['eager_failed']} fail or time out in eager and "
+                 f"{summary['nondeterministic']} differ between two eager runs (not counted).")
+    for name in XFAIL_SETS:
+        if name in summary:
+            s = summary[name]
+            lines.append(f"{name} ({s['in_run']} of its tests in this run, {s['ran']} ran): "
+                         f"tpu passes {s['tpu']} ({s['tpu_fully_lowered']} fully lowered), "
+                         f"aot_eager passes {s['aot_eager']}.")
+    bugs = summary["tpu_fails_aot_eager_passes"]
+    lines.append(f"tpu fails where aot_eager passes: {len(bugs)}" + (f" ({', '.join(bugs[:20])}"
+                                                                     f"{', ...' if len(bugs) > 20 else ''})" if bugs else ""))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        common.worker_main(argv[1:], run_task, setup=_setup_worker)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite-dir", type=Path, required=True, help="torch-mlir source checkout (or extracted tree)")
+    parser.add_argument("--filter", help="regular expression the test name must contain (re.search)")
+    parser.add_argument("--limit", type=int, help="first N matching tests in name order")
+    parser.add_argument("--every", type=int, default=1, metavar="K",
+                        help="every K-th matching test (a spread-out subset), before --limit")
+    parser.add_argument("--timeout", type=float,
+                        help="seconds per phase (eager, aot_eager, tpu); default: the test's timeout_seconds")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    common.add_worker_arguments(parser)
+    args = parser.parse_args(argv)
+
+    suite_dir = args.suite_dir.resolve()
+    tests, xfails, stand_ins = import_suite(suite_dir)
+    commit, commit_source = suite_commit(suite_dir)
+    if commit != PINNED_COMMIT:
+        print(f"warning: suite at {commit} ({commit_source}); this script is pinned to {PINNED_COMMIT}",
+              file=sys.stderr)
+    names = sorted(tests)
+    if args.filter:
+        names = [n for n in names if re.search(args.filter, n)]
+    names = names[:: max(args.every, 1)]
+    if args.limit is not None:
+        names = names[: args.limit]
+    tasks = [{"id": name, "phases": list(PHASES), "depends": {"aot_eager": "eager", "tpu": "eager"},
+              "reference": ["eager"], "timeout": args.timeout or tests[name].timeout_seconds} for name in names]
+    started = time.perf_counter()
+
+    def progress(record: dict, done: int, total: int) -> None:
+        phases = record["phases"]
+        cells = " ".join(f"{p}={phases.get(p, {}).get('outcome', '?')}" for p in PHASES)
+        note = next((phases[p].get("error", "") for p in ("tpu", "aot_eager", "eager")
+                     if phases.get(p, {}).get("outcome") not in (None, common.PASS, common.SKIPPED)), "")
+        seconds = sum(p.get("seconds", 0) for p in phases.values())
+        print(f"[{done}/{total}] {record['id']}: {cells} {seconds:.1f}s {note[:160]}", flush=True)
+
+    with common.scratch_dir(args.keep_logs) as scratch:
+        env = common.worker_env(scratch, args)
+        env[SUITE_ENV] = str(suite_dir)
+        records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
+                                   jobs=args.jobs, chunk=args.chunk, env=env, workdir=scratch / "logs",
+                                   timeout=args.timeout or 120.0, progress=progress)
+    summary = summarise(records, xfails)
+    meta = {
+        **common.environment(),
+        "suite": {"repository": "llvm/torch-mlir", "commit": commit, "commit_source": commit_source,
+                  "pinned_commit": PINNED_COMMIT, "wheel_llvm_commit": WHEEL_LLVM_COMMIT,
+                  "dir": str(suite_dir), "registered_tests": len(tests), "stand_ins": stand_ins},
+        "selection": {"filter": args.filter, "limit": args.limit, "every": args.every, "tests": len(names),
+                      "partial": bool(args.filter or args.limit is not None or args.every > 1)},
+        "timeout": args.timeout, "jobs": args.jobs, "eager_kernels": args.eager_kernels,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    for name, members in xfails.items():
+        for record in records.values():
+            record.setdefault("in", [])
+            if record["id"] in members:
+                record["in"].append(name)
+    common.write_json(args.out, {"meta": meta, "summary": summary, "tests": records})
+    print()
+    print(table(summary))
+    print(f"\n{len(names)} tests in {meta['seconds']:.0f} s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
