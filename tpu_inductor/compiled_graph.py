@@ -251,7 +251,7 @@ def build_compiled_graph(
             gm = small_convolutions_as_matmuls(gm)
     record = _graph_record(gm, kind)
     recheck_learned(gm, context.support, functools.partial(_probe_lowers, context=context))
-    support = GraphSupport(context.support)
+    support = GraphSupport(context.support, context.platform.name)
     chosen = choose_eager_kernels(gm, context.kernels, lambda n: support.unsupported_reason(n) is None)
     placeholders = gm.graph.find_nodes(op="placeholder")
     frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()

@@ -274,7 +274,7 @@ class DynamicShapeGraph:
     ) -> tuple[torch.fx.GraphModule, list[SymbolicIsland]]:
         """Partition, lower each island once, compile the first bucket; learn from failures."""
         recheck_learned(gm, self.context.support, functools.partial(self._probe_lowers, key=key, bucket=bucket))
-        support = GraphSupport(self.context.support)
+        support = GraphSupport(self.context.support, self.context.platform.name)
         for _ in range(len(gm.graph.nodes) + 1):
             plan = propose_islands(gm, support)
             islands: dict[str, SymbolicIsland] = {}

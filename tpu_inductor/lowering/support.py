@@ -29,6 +29,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from tpu_inductor.passes.tie_sensitive_ops import tie_order_reason
+
 
 aten = torch.ops.aten
 
@@ -421,21 +423,30 @@ class SupportTable:
 
 
 class GraphSupport:
-    """The shared table plus the nodes one graph keeps off the device by itself.
+    """The shared table plus what one graph keeps off the device by itself.
 
     What one graph learns here (ops that fail only together, or only with its
-    dynamic shapes) is never written to the shared table.
+    dynamic shapes) is never written to the shared table. On the CPU client
+    eager's kernel is the reference and costs no copy, so a ``topk`` whose
+    result depends on how that kernel orders ties runs on it
+    (passes/tie_sensitive_ops.py); elsewhere it lowers, and ties come in
+    XLA's order (lowest index first).
     """
 
-    def __init__(self, base: SupportTable) -> None:
+    def __init__(self, base: SupportTable, platform_name: str = "cpu") -> None:
         self.base = base
         self.local: dict[torch.fx.Node, str] = {}
+        self._ties_follow_eager = platform_name == "cpu"
 
     def signature(self, node: torch.fx.Node) -> str:
         return self.base.signature(node)
 
     def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
-        return self.base.unsupported_reason(node) or self.local.get(node)
+        return (
+            self.base.unsupported_reason(node)
+            or self.local.get(node)
+            or (tie_order_reason(node) if self._ties_follow_eager else None)
+        )
 
     def constant_fold_hazards(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
         return self.base.constant_fold_hazards(gm)

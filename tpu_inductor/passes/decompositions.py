@@ -20,6 +20,7 @@ from tpu_inductor.passes.exact_values import EXACT_VALUE_DECOMPOSITIONS
 from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
 from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
 from tpu_inductor.passes.quantize_decompositions import quantize_decompositions
+from tpu_inductor.passes.tie_sensitive_ops import keep_unsorted_topk
 
 aten = torch.ops.aten
 
@@ -226,18 +227,6 @@ def _batch_norm_eval_as_scale_shift(x, weight, bias, running_mean, running_var, 
     return out, empty, empty
 
 
-def _topk_sorted(x, k, dim=-1, largest=True, sorted=True):
-    """``topk(sorted=False)`` as ``topk(sorted=True)``.
-
-    torch-mlir cannot legalize the ``sorted=False`` flag (a bare
-    ``torch.constant.bool``), and Mixture-of-Experts routers ask for it.
-    Unsorted means "in any order", so the sorted result is a valid answer.
-    """
-    if sorted:
-        return NotImplemented  # the op itself
-    return aten.topk.default(x, k, dim, largest, True)
-
-
 def _histc_by_scatter_add(x, bins: int = 100, min=0, max=0):
     """``histc`` as a ``scatter_add`` of ones at each element's bin.
 
@@ -281,7 +270,7 @@ _OURS: dict = {
     aten.linalg_solve_triangular.default: _solve_triangular_by_substitution,
     aten.cummax.default: _cumulative_extreme(largest=True),
     aten.cummin.default: _cumulative_extreme(largest=False),
-    aten.topk.default: _topk_sorted,
+    aten.topk.default: keep_unsorted_topk,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
     # torch-mlir cannot lower the pooling backward; PyTorch's decomposition
