@@ -217,8 +217,9 @@ def _bf16_ulp(reference: torch.Tensor) -> torch.Tensor:
         lambda x: torch.var_mean(x, 1),
         lambda x: x.sum(1),
         lambda x: x.mean(1),
+        lambda x: torch.nn.functional.layer_norm(x, (1024,)),
     ],
-    ids=["cumsum", "var_mean", "sum", "mean"],
+    ids=["cumsum", "var_mean", "sum", "mean", "layer_norm"],
 )
 def test_bfloat16_reductions_accumulate_in_float32(reduce):
     """Each result within one bfloat16 ulp of eager's error against float64.
