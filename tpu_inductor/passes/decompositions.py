@@ -321,25 +321,26 @@ through fake tensors: on perf.py's decoder (14 addmm, 5 layer norms) the
 ATen graph went from 245 to 192 nodes and AOTAutograd's capture from 0.247
 to 0.211 s. The StableHLO XLA compiles is the same arithmetic. Integer
 inputs keep the Python decomposition (torch-mlir's int64 addmm does not
-lower), half-precision ones too (it computes in float32, as eager does),
+lower), half-precision layer norms too (see :data:`_KEPT_WHOLE_DTYPES`),
 and so do the backward ops (torch-mlir does not lower them)."""
 
 
-_KEPT_WHOLE_DTYPES = frozenset({torch.float32, torch.float64})
+_KEPT_WHOLE_DTYPES = {
+    aten.addmm.default: frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16}),
+    # torch-mlir's C++ decomposition computes in the input's dtype: a bfloat16
+    # layer norm's statistics in bfloat16 came out 2.3x less exact than eager's
+    # against float64 (mean error 0.0033 against 0.0015 on [8, 1024]). PyTorch's
+    # decomposition computes them in float32 and rounds once, as eager does.
+    aten.native_layer_norm.default: frozenset({torch.float32, torch.float64}),
+}
 
 
-def _unless_full_precision_float(decomposition: Callable) -> Callable:
-    """``decomposition`` for integer and half-precision inputs; float32/float64
-    ones stay one op (NotImplemented).
-
-    torch-mlir's C++ decomposition computes in the input's dtype: a bfloat16
-    layer norm's statistics in bfloat16 came out 2.3x less exact than eager's
-    against float64 (mean error 0.0033 against 0.0015 on [8, 1024]).
-    PyTorch's decomposition computes them in float32 and rounds once, as
-    eager's kernel does."""
+def _unless_kept_whole(op: torch._ops.OpOverload, decomposition: Callable) -> Callable:
+    """``decomposition``, except for inputs of the dtypes ``op`` stays one op for (NotImplemented)."""
+    kept = _KEPT_WHOLE_DTYPES[op]
 
     def decompose(*args, **kwargs):
-        if all(a.dtype in _KEPT_WHOLE_DTYPES for a in args if isinstance(a, torch.Tensor)):
+        if all(a.dtype in kept for a in args if isinstance(a, torch.Tensor)):
             return NotImplemented
         return decomposition(*args, **kwargs)
 
@@ -369,7 +370,7 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table.update(_inductor_prims())
     table.update(grouped_matmuls)
     for op in LEFT_TO_TORCH_MLIR:
-        table[op] = _unless_full_precision_float(table[op])
+        table[op] = _unless_kept_whole(op, table[op])
     if keep_attention:
         for op in ATTENTION_OPS:
             table.pop(op, None)
