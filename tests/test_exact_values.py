@@ -250,3 +250,27 @@ def test_bfloat16_cross_is_at_least_as_exact_as_eager():
     eager, reference = torch.linalg.cross(a, b), torch.linalg.cross(a.double(), b.double())
     assert ((got.double() - reference).abs() <= (eager.double() - reference).abs() + _bf16_ulp(reference)).all()
     assert (got.double() - reference).abs().mean() < (eager.double() - reference).abs().mean()
+
+
+# -- variance without degrees of freedom --------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.var_mean(x),
+        lambda x: torch.var_mean(x, 0),
+        lambda x: torch.var(x, 0),
+        lambda x: torch.std(x, 0),
+        lambda x: torch.std_mean(x, 0, keepdim=True),
+    ],
+    ids=["var_mean_all", "var_mean_dim", "var", "std", "std_mean_keepdim"],
+)
+def test_variance_of_an_empty_reduction_is_nan(fn):
+    """OpInfo's empty ``var_mean`` samples: eager divides by max(N - 1, 0), so
+    0 / 0 is NaN; torch-mlir divided by -1 and returned -0.0."""
+    x = torch.randn(0, 5)
+    got, expected = on_device(fn, x), fn(x)
+    for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(g, e, equal_nan=True)
