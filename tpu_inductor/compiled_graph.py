@@ -23,17 +23,13 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
-from tpu_inductor.errors import LoweringError, describe_node
 from tpu_inductor.lowering.cache import lower_cached
-from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
-from tpu_inductor.lowering.support import GraphSupport, SupportTable
-from tpu_inductor.passes import run_passes
-from tpu_inductor.passes.attention import decompose_attention
+from tpu_inductor.lowering.support import SupportTable
 from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
 from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
-from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
+from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
     DeviceExecutable,
@@ -242,45 +238,38 @@ def _parameter_inputs() -> tuple[int, ...]:
 def build_compiled_graph(
     gm: torch.fx.GraphModule, kind: str, context: CompileContext, parameters: Sequence[int] = ()
 ) -> torch.fx.GraphModule:
-    """``parameters``: positions of inputs whose parameter-only computation
-    may be kept between calls (``freeze_parameters``)."""
-    with report.stage("passes"):
-        gm = run_passes(gm)
-        gm, _ = decompose_attention(gm, padded=frozenset())  # kept whole through AOTAutograd
-        if context.platform.name == "cpu":
-            gm = small_convolutions_as_matmuls(gm)
+    """The static path of the pipeline (pipeline.py): stages, placement, one
+    executable per island. ``parameters``: positions of inputs whose
+    parameter-only computation may be kept between calls (``freeze_parameters``)."""
+    gm = run_stages(gm, GraphFacts(symbolic=False, platform=context.platform.name))
     record = _graph_record(gm, kind)
-    recheck_learned(gm, context.support, functools.partial(_probe_lowers, context=context))
-    support = GraphSupport(context.support, context.platform.name)
+    probe = functools.partial(_probe_lowers, context=context)
+    support = graph_support(gm, context, probe)
     chosen = choose_eager_kernels(gm, context.kernels, lambda n: support.unsupported_reason(n) is None)
     placeholders = gm.graph.find_nodes(op="placeholder")
     frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()
-    plan = propose_islands(gm, support, chosen, frozen)
+    plan: Optional[PartitionPlan] = propose_islands(gm, support, chosen, frozen)
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:
         chosen.update(small)
-        plan = propose_islands(gm, support, chosen, frozen)
-    # Each failed attempt moves at least one node to eager, so this terminates.
-    for _ in range(len(gm.graph.nodes) + 1):
-        failure = _compile_islands(plan, context, record)
-        if failure is None:
-            break
-        record.lowering_retries += 1
-        hooks.on_island_failed(*failure, context, record)
-        _learn_from_failure(*failure, context, support)
-        plan = propose_islands(gm, support, chosen, frozen)
-    else:  # pragma: no cover - guarded by the bound above
-        raise LoweringError("tpu_inductor: partitioning did not converge")
+        plan = None  # proposed again with them
+    island_records: dict[str, report.IslandRecord] = {}
 
+    def build(island: Island) -> DeviceExecutable:
+        executable, island_records[island.name] = _compile_island(island, context, record)
+        return executable
+
+    plan, executables = lower_with_retries(
+        gm, support, record, context, build, probe, learn_for_later=True, chosen=chosen, frozen=frozen, plan=plan
+    )
+    record.islands = [island_records[island.name] for island in plan.islands]
     settle_eager(plan, context.config.strict, record)
-    island_records = {island.name: island for island in record.islands}
     devices = {}
     for island in plan.islands:
-        run = DeviceIsland(
-            island.executable, island_records.get(island.name), aten_graph=island.graph, graph_record=record
-        ).run
+        island_record = island_records[island.name]
+        run = DeviceIsland(executables[island.name], island_record, aten_graph=island.graph, graph_record=record).run
         if island.frozen:
-            island_records[island.name].results_kept = True
+            island_record.results_kept = True
             run = ReusedResults(run).run
         devices[island.name] = run
     fused = fuse_islands(gm, plan, devices)
@@ -288,62 +277,41 @@ def build_compiled_graph(
     return fused
 
 
-def _compile_islands(
-    plan: PartitionPlan, context: CompileContext, record: report.GraphRecord
-) -> Optional[tuple[Island, Exception]]:
-    """Lower and compile every island; the first failure is returned, not raised."""
-    records = []
-    for island in plan.islands:
-        try:
-            # Both levels of the disk cache: ATen graph -> StableHLO -> executable.
-            lowered, lower_stats = lower_cached(
-                island.graph, context.disk_cache, name="main", for_cpu=context.platform.name == "cpu"
-            )
-            loaded, stats = compile_stablehlo(
-                lowered.module,
-                context.platform,
-                context.disk_cache,
-                input_specs=lowered.input_specs,
-                xla_flags=context.config.xla_flags,
-            )
-        except Exception as exc:  # torch-mlir and XLA raise many types
-            return island, exc
-        island.executable = DeviceExecutable(
-            loaded,
-            context.platform,
-            lowered.output_specs,
-            name=f"{island.name} ({stats.key})",
-            input_specs=lowered.input_specs,
-        )
-        records.append(
-            report.IslandRecord(
-                name=island.name,
-                num_nodes=len(island.nodes),
-                compile_source=stats.source,
-                lower_seconds=lower_stats.seconds,
-                compile_seconds=stats.seconds,
-                cache_key=stats.key,
-                lower_source=lower_stats.source,
-                ops=hooks.op_counts(island.nodes),
-            )
-        )
-        hooks.on_island_compiled(record, records[-1], lowered.module)
-    record.islands = records
-    return None
+def _compile_island(
+    island: Island, context: CompileContext, record: report.GraphRecord
+) -> tuple[DeviceExecutable, report.IslandRecord]:
+    """One island through both levels of the disk cache: ATen graph -> StableHLO -> executable."""
+    lowered, lower_stats = lower_cached(
+        island.graph, context.disk_cache, name="main", for_cpu=context.platform.name == "cpu"
+    )
+    loaded, stats = compile_stablehlo(
+        lowered.module,
+        context.platform,
+        context.disk_cache,
+        input_specs=lowered.input_specs,
+        xla_flags=context.config.xla_flags,
+    )
+    executable = DeviceExecutable(
+        loaded,
+        context.platform,
+        lowered.output_specs,
+        name=f"{island.name} ({stats.key})",
+        input_specs=lowered.input_specs,
+    )
+    island_record = report.IslandRecord(
+        name=island.name,
+        num_nodes=len(island.nodes),
+        compile_source=stats.source,
+        lower_seconds=lower_stats.seconds,
+        compile_seconds=stats.seconds,
+        cache_key=stats.key,
+        lower_source=lower_stats.source,
+        ops=hooks.op_counts(island.nodes),
+    )
+    hooks.on_island_compiled(record, island_record, lowered.module)
+    return executable, island_record
 
 
 def _probe_lowers(probe: Island, context: CompileContext) -> None:
     """Lower and compile ``probe`` (uncached); raises what torch-mlir or XLA raised."""
     compile_stablehlo(lower_to_stablehlo(probe.graph).module, context.platform, None)
-
-
-def _learn_from_failure(island: Island, error: Exception, context: CompileContext, support: GraphSupport) -> None:
-    """Find the ops that broke ``island``: learn those that fail alone, keep
-    a run that fails only together in eager for this graph."""
-    diagnosis = find_culprits(island, error, context.support.signature, functools.partial(_probe_lowers, context=context))
-    for node, why in diagnosis.proven:
-        log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
-        context.support.learn(context.support.signature(node), why)
-    for node, why in diagnosis.together:
-        log.info("tpu_inductor: %s runs eagerly in this graph: %s", describe_node(node), why)
-        support.local[node] = why

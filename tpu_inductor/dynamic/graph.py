@@ -4,11 +4,12 @@ Why: XLA compiles static shapes, so a model called with changing sizes would
 re-trace and re-compile per size. Here the graph Dynamo and AOTAutograd
 traced symbolically is:
 
-1. analysed once for which symbols may be padded
-   (:mod:`~tpu_inductor.passes.padding_safety`), then its kept-whole attention
-   is decomposed (:mod:`~tpu_inductor.passes.attention`);
+1. run through the pipeline's stages (:mod:`~tpu_inductor.pipeline`), which
+   for a symbolic graph include the analysis of which symbols may be padded
+   (:mod:`~tpu_inductor.passes.padding_safety`);
 2. partitioned and lowered to StableHLO once, with dynamic dims
-   (:mod:`~tpu_inductor.lowering.symbolic`);
+   (:mod:`~tpu_inductor.lowering.symbolic`), by the pipeline's one
+   lower-and-retry loop;
 3. at each call, its symbols are read off the arguments and bucketed
    (:mod:`.buckets`); a bucket seen before reuses its executables, a new one
    refines and compiles every island for it (:mod:`.island`) and is recorded
@@ -30,27 +31,17 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import sympy
 import torch
 import torch.fx
-from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor import report
 from tpu_inductor.dynamic import shape_env_of, symbol_source
 from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
 from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
-from tpu_inductor.errors import (
-    LoweringError,
-    RecompileBudgetError,
-    RecompileBudgetWarning,
-    describe_node,
-)
-from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
-from tpu_inductor.lowering.support import GraphSupport
+from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.symbolic import lower_symbolic
-from tpu_inductor.passes import run_passes
-from tpu_inductor.passes.attention import decompose_attention
-from tpu_inductor.passes.hoist_sizes import hoist_sizes
-from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
-from tpu_inductor.passes.partition import Island, fuse_islands, propose_islands, settle_eager
+from tpu_inductor.passes.padding_safety import PaddingAnalysis
+from tpu_inductor.passes.partition import Island, fuse_islands, settle_eager
+from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
 if TYPE_CHECKING:
     from tpu_inductor.compiled_graph import CompileContext
@@ -78,17 +69,10 @@ class DynamicShapeGraph:
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         self.shape_env = shape_env_of([n.meta.get("val") for n in placeholders])
 
-        gm = run_passes(gm)
-        gm = _observed(padding_safety, gm)
-        self.analysis: PaddingAnalysis = gm.meta["padding_analysis"]
-        self._length_symbols: list[sympy.Symbol] = []
-
-        def attention(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
-            graph, self._length_symbols = decompose_attention(graph, self.analysis.safe)
-            return graph
-
-        for graph_pass in (attention, hoist_sizes):
-            gm = _observed(graph_pass, gm)
+        facts = GraphFacts(symbolic=True, platform=context.platform.name)
+        gm = run_stages(gm, facts)
+        self.analysis: PaddingAnalysis = facts.analysis
+        self._length_symbols: list[sympy.Symbol] = facts.length_symbols
         self.binding = ShapeBinding(placeholders, gm.graph.output_node().args[0], self.analysis.safe)
         self.symbols = self.binding.symbols
 
@@ -272,28 +256,23 @@ class DynamicShapeGraph:
     def _lower(
         self, gm: torch.fx.GraphModule, key: tuple, bucket: dict
     ) -> tuple[torch.fx.GraphModule, list[SymbolicIsland]]:
-        """Partition, lower each island once, compile the first bucket; learn from failures."""
-        recheck_learned(gm, self.context.support, functools.partial(self._probe_lowers, key=key, bucket=bucket))
-        support = GraphSupport(self.context.support, self.context.platform.name)
-        for _ in range(len(gm.graph.nodes) + 1):
-            plan = propose_islands(gm, support)
-            islands: dict[str, SymbolicIsland] = {}
-            failure: Optional[tuple[Island, Exception]] = None
-            for island in plan.islands:
-                try:
-                    target = self._island(island, self.record)
-                    target.prepare(key, bucket)
-                except Exception as exc:  # torch-mlir, refinement and XLA raise many types
-                    failure = (island, exc)
-                    break
-                islands[island.name] = target
-            if failure is None:
-                break
-            self.record.lowering_retries += 1
-            self._learn(support, *failure, key=key, bucket=bucket)
-        else:  # pragma: no cover - each retry moves at least one node to eager
-            raise LoweringError("tpu_inductor: partitioning did not converge")
+        """The pipeline's placement and lowering (pipeline.py), each island
+        lowered once with dynamic dims and compiled for the first bucket.
 
+        A failure with dynamic shapes may hold only for this graph's buckets,
+        so what is learned stays with this graph, out of the shared table.
+        """
+        probe = functools.partial(self._probe_lowers, key=key, bucket=bucket)
+
+        def build(island: Island) -> SymbolicIsland:
+            target = self._island(island, self.record)
+            target.prepare(key, bucket)
+            return target
+
+        support = graph_support(gm, self.context, probe)
+        plan, islands = lower_with_retries(
+            gm, support, self.record, self.context, build, probe, learn_for_later=False
+        )
         settle_eager(plan, self.context.config.strict, self.record)
         fused = fuse_islands(gm, plan, {name: target.run for name, target in islands.items()})
         return fused, list(islands.values())
@@ -305,26 +284,6 @@ class DynamicShapeGraph:
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:
         self._island(probe, None).prepare(key, bucket)
-
-    def _learn(self, support: GraphSupport, island: Island, error: Exception, *, key, bucket) -> None:
-        """Move the ops that broke ``island`` to eager, for this graph only.
-
-        A failure with dynamic shapes may hold only for this graph's buckets,
-        so it is not written to the persistent support table.
-        """
-        lowers = functools.partial(self._probe_lowers, key=key, bucket=bucket)
-        diagnosis = find_culprits(island, error, self.context.support.signature, lowers)
-        for node, why in diagnosis.proven + diagnosis.together:
-            log.info("tpu_inductor: %s does not lower with dynamic shapes (%s)", describe_node(node), why)
-            support.local[node] = f"{why} (with dynamic shapes)"
-
-
-
-def _observed(graph_pass, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Run a pass as ``run_passes`` does: a diff per pass is one flag away."""
-    name = getattr(graph_pass, "__name__", "pass")
-    with GraphTransformObserver(gm, name, subsystem="tpu_inductor"):
-        return graph_pass(gm)
 
 
 def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -1,0 +1,207 @@
+"""The one compile pipeline every ATen graph goes through.
+
+Why: static and symbolic graphs (inference, forward or backward) used to
+run their passes in different orders, each with its own lower-and-retry
+loop, so a fix or a feature landed on one path only. Here:
+
+* :data:`STAGES` is the one ordered list of graph rewrites. A stage is
+  skipped only by its stated condition (:attr:`Stage.skip`, which reads
+  :class:`GraphFacts`), and :func:`stages_for` says which run for a graph.
+* :func:`lower_with_retries` is the one loop that partitions, builds every
+  island (a static executable, or a symbolic module compiled per bucket:
+  the caller's ``build``), and, when torch-mlir or XLA rejects one, proves
+  which op broke it (lowering/culprits.py), re-partitions and tries again.
+
+``compiled_graph.build_compiled_graph`` and ``dynamic.graph.DynamicShapeGraph``
+differ only in what they build per island and what they do per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Collection, Mapping, Optional
+
+import sympy
+import torch
+import torch.fx
+from torch.fx.passes.graph_transform_observer import GraphTransformObserver
+
+from tpu_inductor import report
+from tpu_inductor.errors import LoweringError, describe_node
+from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
+from tpu_inductor.lowering.support import GraphSupport, SupportTable
+from tpu_inductor.passes import run_passes
+from tpu_inductor.passes.attention import decompose_attention
+from tpu_inductor.passes.hoist_sizes import hoist_sizes
+from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
+from tpu_inductor.passes.partition import Island, PartitionPlan, propose_islands
+from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
+from tpu_inductor.reporting import hooks
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class GraphFacts:
+    """What decides which stages run for one graph, and what they leave for later ones."""
+
+    symbolic: bool
+    platform: str
+    analysis: Optional[PaddingAnalysis] = None
+    """Which symbols padding may change (symbolic graphs; set by ``padding_safety``)."""
+    length_symbols: list[sympy.Symbol] = dataclasses.field(default_factory=list)
+    """Symbols whose real length attention now takes as trailing inputs."""
+
+    @property
+    def padded(self) -> frozenset:
+        return frozenset(self.analysis.safe) if self.analysis is not None else frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One graph rewrite of the pipeline."""
+
+    name: str
+    run: Callable[[torch.fx.GraphModule, GraphFacts], torch.fx.GraphModule]
+    skip: Callable[[GraphFacts], Optional[str]] = lambda facts: None
+    """The stated reason this graph skips the stage, or None to run it."""
+
+
+def _rewrites(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return run_passes(gm)
+
+
+def _padding_safety(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    gm = padding_safety(gm)
+    facts.analysis = gm.meta["padding_analysis"]
+    return gm
+
+
+def _attention(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    gm, facts.length_symbols = decompose_attention(gm, facts.padded)
+    return gm
+
+
+def _hoist_sizes(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return hoist_sizes(gm)
+
+
+def _small_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return small_convolutions_as_matmuls(gm)
+
+
+def _only_symbolic(why: str) -> Callable[[GraphFacts], Optional[str]]:
+    return lambda facts: None if facts.symbolic else why
+
+
+def _static_cpu(facts: GraphFacts) -> Optional[str]:
+    if facts.platform != "cpu":
+        return "only XLA:CPU's convolution is slow on few output positions"
+    if facts.symbolic:
+        return "the number of output positions must be known"
+    return None
+
+
+STAGES: tuple[Stage, ...] = (
+    # Correctness rewrites and cleanup (passes.PIPELINE), first: every later
+    # stage, and attention's own traced decompositions, see their result.
+    Stage("rewrites", _rewrites),
+    # Before attention, which it needs whole to see is_causal.
+    Stage("padding_safety", _padding_safety, _only_symbolic("static shapes: nothing is padded")),
+    Stage("attention", _attention),
+    Stage("hoist_sizes", _hoist_sizes, _only_symbolic("static shapes: every size is a constant")),
+    Stage("small_convolutions_as_matmuls", _small_convolutions, _static_cpu),
+)
+
+
+def stages_for(facts: GraphFacts) -> list[str]:
+    """The names of the stages a graph with ``facts`` runs, in order."""
+    return [stage.name for stage in STAGES if stage.skip(facts) is None]
+
+
+def run_stages(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    """Every stage that applies, each under PyTorch's ``GraphTransformObserver``
+    (``torch._inductor.config.trace.log_url_for_graph_xform`` shows a diff per stage)."""
+    with report.stage("passes"):
+        for stage in STAGES:
+            why = stage.skip(facts)
+            if why is not None:
+                log.debug("tpu_inductor: skipping %s: %s", stage.name, why)
+                continue
+            with GraphTransformObserver(gm, stage.name, subsystem="tpu_inductor"):
+                gm = stage.run(gm, facts)
+    return gm
+
+
+# -- lowering ------------------------------------------------------------------------
+
+
+def graph_support(gm: torch.fx.GraphModule, context: Any, probe: "Probe") -> GraphSupport:
+    """The placement rules for ``gm``: the shared table, after re-probing (one
+    op at a time) the failures another process learned for calls in ``gm``,
+    plus what this graph will keep off the device by itself."""
+    recheck_learned(gm, context.support, probe)
+    return GraphSupport(context.support, context.platform.name)
+
+
+Build = Callable[[Island], Any]
+"""Lower and compile one island, returning what the graph calls in its place; raises on failure."""
+Probe = Callable[[Island], None]
+"""Lower and compile a piece of a graph to see whether it can be (nothing kept, nothing cached)."""
+
+
+def lower_with_retries(
+    gm: torch.fx.GraphModule,
+    support: GraphSupport,
+    record: report.GraphRecord,
+    context: Any,
+    build: Build,
+    probe: Probe,
+    *,
+    learn_for_later: bool,
+    chosen: Optional[Mapping[torch.fx.Node, str]] = None,
+    frozen: Collection[torch.fx.Node] = frozenset(),
+    plan: Optional[PartitionPlan] = None,
+) -> tuple[PartitionPlan, dict[str, Any]]:
+    """Partition ``gm``, build every island; on a failure, learn and retry.
+
+    An op proven to fail alone is learned in the shared table when
+    ``learn_for_later`` (for every later graph and process), else for this
+    graph only; a run that fails only together is always this graph's.
+    Each failed attempt moves at least one node to eager, so this ends.
+    ``plan``: the first proposal, when the caller has made it already.
+    """
+    if plan is None:
+        plan = propose_islands(gm, support, chosen, frozen)
+    for _ in range(len(gm.graph.nodes) + 1):
+        built: dict[str, Any] = {}
+        failure: Optional[tuple[Island, Exception]] = None
+        for island in plan.islands:
+            try:
+                built[island.name] = build(island)
+            except Exception as exc:  # torch-mlir, refinement and XLA raise many types
+                failure = (island, exc)
+                break
+        if failure is None:
+            return plan, built
+        record.lowering_retries += 1
+        hooks.on_island_failed(*failure, context, record)
+        _learn(*failure, support, probe, learn_for_later)
+        plan = propose_islands(gm, support, chosen, frozen)
+    raise LoweringError("tpu_inductor: partitioning did not converge")  # pragma: no cover
+
+
+def _learn(island: Island, error: Exception, support: GraphSupport, probe: Probe, learn_for_later: bool) -> None:
+    """Find the ops that broke ``island`` and keep them off the device."""
+    shared: SupportTable = support.base
+    diagnosis = find_culprits(island, error, shared.signature, probe)
+    for node, why in diagnosis.proven:
+        log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
+        if learn_for_later:
+            shared.learn(shared.signature(node), why)
+        else:
+            support.local[node] = why
+    for node, why in diagnosis.together:
+        log.info("tpu_inductor: %s runs eagerly in this graph: %s", describe_node(node), why)
+        support.local[node] = why
