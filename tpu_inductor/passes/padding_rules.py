@@ -1,0 +1,552 @@
+"""The per-op rules of the padding analysis (passes/padding_safety.py).
+
+Why its own module: the analysis walks the graph and tracks each tensor's
+dims as factors; what each op does to those factors, and which symbols it
+makes unsafe to pad, is this list of rules, tried in order until one
+claims the node (:data:`RULES`). An op no rule claims is never assumed
+safe.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
+from tpu_inductor.passes.padding_safety import (
+    _ONE,
+    Dim,
+    Layout,
+    _Analyzer,
+    _arg,
+    _equal,
+    _free,
+    _norm,
+    _product,
+    _sym_syms,
+    expr_of,
+)
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+_SAME_LAYOUT = frozenset(
+    {
+        aten.clone.default,
+        aten.alias.default,
+        aten.detach.default,
+        aten._to_copy.default,
+        aten.lift_fresh_copy.default,
+        aten.contiguous.default,
+        aten.zeros_like.default,
+        aten.ones_like.default,
+        aten.empty_like.default,
+        aten.full_like.default,
+        aten.fill.Scalar,
+    }
+)
+_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
+# Output aliases the input (for "a graph output is a view of an input").
+
+# Reductions: (dim argument name, keepdim argument name); dim None/[] = all.
+_REDUCTIONS: dict[Any, tuple[Optional[str], Optional[str]]] = {
+    aten.sum.dim_IntList: ("dim", "keepdim"),
+    aten.mean.dim: ("dim", "keepdim"),
+    aten.amax.default: ("dim", "keepdim"),
+    aten.amin.default: ("dim", "keepdim"),
+    aten.var.correction: ("dim", "keepdim"),
+    aten.var_mean.correction: ("dim", "keepdim"),
+    aten.std.correction: ("dim", "keepdim"),
+    aten.prod.dim_int: ("dim", "keepdim"),
+    aten.logsumexp.default: ("dim", "keepdim"),
+    aten.any.dim: ("dim", "keepdim"),
+    aten.any.dims: ("dim", "keepdim"),
+    aten.all.dim: ("dim", "keepdim"),
+    aten.all.dims: ("dim", "keepdim"),
+    aten.argmax.default: ("dim", "keepdim"),
+    aten.argmin.default: ("dim", "keepdim"),
+    aten.max.dim: ("dim", "keepdim"),
+    aten.min.dim: ("dim", "keepdim"),
+    aten.sum.default: (None, None),
+    aten.mean.default: (None, None),
+    aten.max.default: (None, None),
+    aten.min.default: (None, None),
+    aten.any.default: (None, None),
+    aten.all.default: (None, None),
+    aten.prod.default: (None, None),
+}
+# Ops that keep the layout but mix positions along one dim (or a list of dims):
+# op -> (argument name, its position, default, what it does to the dim).
+_MIXES_ALONG: dict[Any, tuple[str, Optional[int], Any, str]] = {
+    aten._softmax.default: ("dim", 1, -1, "normalises over it"),
+    aten._log_softmax.default: ("dim", 1, -1, "normalises over it"),
+    aten.softmax.int: ("dim", 1, -1, "normalises over it"),
+    aten.log_softmax.int: ("dim", 1, -1, "normalises over it"),
+    aten._safe_softmax.default: ("dim", 1, -1, "normalises over it"),
+    aten._softmax_backward_data.default: ("dim", 2, -1, "normalises over it"),
+    aten._log_softmax_backward_data.default: ("dim", 2, -1, "normalises over it"),
+    aten.cumsum.default: ("dim", 1, 0, "scans along it"),
+    aten.cumprod.default: ("dim", 1, 0, "scans along it"),
+    aten.logcumsumexp.default: ("dim", 1, 0, "scans along it"),
+    aten.cummax.default: ("dim", 1, 0, "scans along it"),
+    aten.cummin.default: ("dim", 1, 0, "scans along it"),
+    aten.sort.default: ("dim", 1, -1, "sorts along it"),
+    aten.sort.stable: ("dim", None, -1, "sorts along it"),
+    aten.argsort.default: ("dim", 1, -1, "sorts along it"),
+    aten.argsort.stable: ("dim", None, -1, "sorts along it"),
+    aten.flip.default: ("dims", 1, (), "reverses it"),
+    aten.roll.default: ("dims", 2, (), "rolls along it"),
+}
+# Convolutions and pooling keep batch (and for pooling, channel) positions
+# and mix the spatial ones: op -> number of leading dims kept.
+_WINDOWED = {
+    aten.convolution.default: 1,
+    aten.max_pool2d_with_indices.default: 2,
+    aten.avg_pool2d.default: 2,
+    aten._adaptive_avg_pool2d.default: 2,
+    aten.max_pool1d.default: 2,
+    aten.avg_pool1d.default: 2,
+}
+_FACTORIES = {
+    aten.full.default: ("size",),
+    aten.zeros.default: ("size",),
+    aten.ones.default: ("size",),
+    aten.empty.memory_format: ("size",),
+    aten.empty_strided.default: ("size", "stride"),
+    aten.new_zeros.default: ("size",),
+    aten.new_ones.default: ("size",),
+    aten.new_empty.default: ("size",),
+    aten.new_full.default: ("size",),
+    aten.new_empty_strided.default: ("size", "stride"),
+    aten.scalar_tensor.default: (),
+}
+
+
+
+# Each rule: (analyzer, node, target) -> size argument names, or None if not its op.
+Rule = Callable[[_Analyzer, torch.fx.Node, Any], Optional[tuple[str, ...]]]
+
+
+def _rule_same_layout(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in _SAME_LAYOUT:
+        return None
+    source = a.source_layout(node)
+    if source is not None:
+        a.layouts[node] = source
+    return ()
+
+
+def _rule_view(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in _VIEWS:
+        return None
+    source = a.layout(node.args[0])
+    out_shape = [expr_of(s) for s in node.meta["val"].shape]
+    regrouped = _regroup(source, out_shape) if source is not None else None
+    if regrouped is None:
+        a.mark(_free(out_shape) | _sym_syms(tuple(f for d in source or () for f in d)),
+               "reshapes it in a way whose positions are not tracked")
+        a._set_plain(node)
+    else:
+        a.layouts[node] = regrouped
+    return ("size", "shape")
+
+
+def _regroup(source: Layout, out_shape: Sequence[sympy.Expr]) -> Optional[Layout]:
+    """The factors of ``source`` regrouped into ``out_shape``, if positions line up."""
+    factors = [f for dim in source for f in dim if f != 1]
+    out: list[Dim] = []
+    i = 0
+    for size in out_shape:
+        if size == 1:
+            out.append(_ONE)
+            continue
+        group: list[sympy.Expr] = []
+        product: sympy.Expr = sympy.Integer(1)
+        while not _equal(product, size):
+            if i >= len(factors):
+                return None
+            factor = factors[i]
+            remaining = size / product  # sympy cancels common factors itself
+            if factor.is_Integer and remaining.is_Integer and factor > remaining:
+                if factor % remaining:
+                    return None
+                group.append(remaining)  # split a static factor
+                factors[i] = factor / remaining
+                product = size
+                break
+            group.append(factor)
+            product = product * factor
+            i += 1
+        out.append(tuple(group))
+    if any(f != 1 for f in factors[i:]):
+        return None
+    return tuple(out)
+
+
+def _rule_permute(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.permute.default, aten.t.default, aten.transpose.int):
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    rank = len(source)
+    if target is aten.permute.default:
+        order = [_norm(d, rank) for d in node.args[1]]
+    else:
+        d0, d1 = (0, 1) if target is aten.t.default else (
+            _norm(node.args[1], rank), _norm(node.args[2], rank)
+        )
+        order = list(range(rank))
+        if rank >= 2:
+            order[d0], order[d1] = order[d1], order[d0]
+    a.layouts[node] = tuple(source[d] for d in order)
+    return ()
+
+
+def _rule_squeeze(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (
+        aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+        prims.squeeze.default,
+    ):
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    rank = len(source)
+    if target is aten.unsqueeze.default:
+        d = _norm(node.args[1], rank + 1)
+        a.layouts[node] = source[:d] + (_ONE,) + source[d:]
+        return ()
+    if target is aten.squeeze.default:
+        dims = set(range(rank))
+    else:
+        raw = node.args[1]
+        dims = {_norm(d, rank) for d in (raw if isinstance(raw, (list, tuple)) else [raw])}
+    a.layouts[node] = tuple(d for i, d in enumerate(source) if not (i in dims and d == _ONE))
+    if len(a.layouts[node]) != node.meta["val"].dim():
+        a._set_plain(node)
+    return ()
+
+
+def _rule_expand(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.expand.default:
+        return None
+    source = a.source_layout(node)
+    out = node.meta["val"].shape
+    if source is None:
+        return ("size",)
+    layout = []
+    for k, size in enumerate(out):
+        index = k - (len(out) - len(source))
+        if index < 0 or (source[index] == _ONE and size != 1):
+            layout.append(a.dim_from_size(size))  # broadcast: every position a copy
+        else:
+            layout.append(source[index])
+    a.layouts[node] = tuple(layout)
+    return ("size",)
+
+
+def _rule_reduction(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in _REDUCTIONS:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    dim_name, keep_name = _REDUCTIONS[target]
+    rank = len(source)
+    dims = _arg(node, dim_name, 1) if dim_name else None
+    if dims is None or dims == []:
+        reduced = set(range(rank))
+    else:
+        reduced = {_norm(d, rank) for d in (dims if isinstance(dims, (list, tuple)) else [dims])}
+    keepdim = bool(_arg(node, keep_name, 2, False)) if keep_name else False
+    for d in reduced:
+        a.mark(_sym_syms(source[d]), "reduces over it")
+    kept = tuple(_ONE if i in reduced else d for i, d in enumerate(source) if keepdim or i not in reduced)
+    val = node.meta["val"]
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    layouts = [kept if v.dim() == len(kept) else a._plain(v.shape) for v in vals]
+    a.layouts[node] = layouts if isinstance(val, (list, tuple)) else layouts[0]
+    return ()
+
+
+def _rule_mixes_along(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in _MIXES_ALONG:
+        return None
+    name, index, default, why = _MIXES_ALONG[target]
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    rank = len(source)
+    raw = node.kwargs.get(name, node.args[index] if index is not None and index < len(node.args) else default)
+    dims = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not dims:
+        dims = list(range(rank))  # flip/roll without dims act on every dim
+    for d in dims:
+        a.mark(_sym_syms(source[_norm(d, rank)]), why)
+    val = node.meta["val"]
+    a.layouts[node] = [source for _ in val] if isinstance(val, (list, tuple)) else source
+    return ()
+
+
+def _rule_windowed(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in _WINDOWED:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    kept = _WINDOWED[target]
+    for dim in source[kept:]:
+        a.mark(_sym_syms(dim), "slides a window over it")
+    if target is aten.convolution.default:
+        weight = a.layout(node.args[1])
+        a.mark(_sym_syms(tuple(f for d in weight or () for f in d)), "convolves with a kernel sized by it")
+    val = node.meta["val"]
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    layouts = [source[:kept] + a._plain(v.shape[kept:]) for v in vals]
+    a.layouts[node] = layouts if isinstance(val, (list, tuple)) else layouts[0]
+    return ()
+
+
+def _rule_layer_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.native_layer_norm.default:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    n = len(node.args[1])
+    for dim in source[len(source) - n:]:
+        a.mark(_sym_syms(dim), "normalises over it")
+    stats = source[: len(source) - n] + (_ONE,) * n
+    a.layouts[node] = [source, stats, stats]
+    return ()
+
+
+def _rule_batch_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (
+        aten._native_batch_norm_legit_no_training.default,
+        aten._native_batch_norm_legit.default,
+        aten.native_batch_norm.default,
+        aten._native_batch_norm_legit_functional.default,
+    ):
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    if target is not aten._native_batch_norm_legit_no_training.default:
+        for i, dim in enumerate(source):
+            if i != 1:
+                a.mark(_sym_syms(dim), "normalises over it (batch statistics)")
+    if len(source) > 1:
+        a.mark(_sym_syms(source[1]), "has per-channel parameters along it")
+    rest = [a._plain(v.shape) if isinstance(v, torch.Tensor) else None for v in node.meta["val"][1:]]
+    a.layouts[node] = [source, *rest]
+    return ()
+
+
+def _rule_matmul(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default):
+        return None
+    with_bias = target in (aten.addmm.default, aten.baddbmm.default)
+    lhs, rhs = (node.args[1], node.args[2]) if with_bias else (node.args[0], node.args[1])
+    left, right = a.layout(lhs), a.layout(rhs)
+    if left is None or right is None:
+        a._unknown(node)
+        return ()
+    a.mark(_sym_syms(left[-1]) | _sym_syms(right[-2]), "contracts over it (matmul)")
+    batch: tuple = ()
+    if len(left) == 3:
+        if left[0] != right[0]:
+            a.mark(_sym_syms(left[0]) | _sym_syms(right[0]), "pairs differently laid out batches")
+        batch = (left[0],)
+    a.layouts[node] = batch + (left[-2], right[-1])
+    if with_bias:
+        a._pointwise(node, [node.args[0], node])
+    return ()
+
+
+def _rule_embedding(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.embedding.default:
+        return None
+    weight, indices = a.layout(node.args[0]), a.layout(node.args[1])
+    if weight is None or indices is None:
+        a._unknown(node)
+        return ()
+    a.mark(_sym_syms(weight[0]), "looks rows up in a table sized by it")
+    a.layouts[node] = indices + (weight[-1],)
+    return ()
+
+
+def _rule_arange(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.arange.default, aten.arange.start, aten.arange.start_step):
+        return None
+    if target is aten.arange.default:
+        start, step = 0, 1
+    else:
+        start = node.args[0]
+        step = node.args[2] if target is aten.arange.start_step and len(node.args) > 2 else 1
+    size = node.meta["val"].shape[0]
+    if isinstance(start, int) and start == 0 and isinstance(step, int) and step == 1:
+        # Position j holds j: the real prefix is the same at any padded length.
+        a.layouts[node] = (a.dim_from_size(size),)
+        return ("end",)
+    a.mark(expr_of(size).free_symbols, "counts with an offset or step along it")
+    a._set_plain(node)
+    return ()
+
+
+def _rule_factory(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in _FACTORIES:
+        return None
+    a._set_plain(node)  # a fill is the same at every position
+    return _FACTORIES[target]
+
+
+def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.slice.Tensor:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    rank = len(source)
+    d = _norm(_arg(node, "dim", 1, 0), rank)
+    start = _arg(node, "start", 2, None)
+    step = _arg(node, "step", 4, 1)
+    out_size = expr_of(node.meta["val"].shape[d])
+    layout = list(source)
+    in_dim = source[d]
+    if _equal(out_size, _product(in_dim)):
+        a.layouts[node] = tuple(layout)  # the whole dim
+        return ("end",)
+    prefix = start in (None, 0) and step == 1
+    if prefix and not _sym_syms(in_dim) and isinstance(out_size, sympy.Symbol):
+        # x[:, :s] of a static dim: position j is j; s must not outgrow the dim.
+        limit = int(_product(in_dim))
+        a.bounds[out_size] = min(a.bounds.get(out_size, limit), limit)
+        layout[d] = (out_size,)
+        a.layouts[node] = tuple(layout)
+        return ("end",)
+    a.mark(_sym_syms(in_dim) | out_size.free_symbols, "slices it")
+    layout[d] = (out_size,)
+    a.layouts[node] = tuple(layout)
+    return ()
+
+
+def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.select.int:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    d = _norm(node.args[1], len(source))
+    a.mark(_sym_syms(source[d]), "picks one position of it")
+    a.layouts[node] = source[:d] + source[d + 1:]
+    return ()
+
+
+def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    index = 1 if target is aten.unbind.int else 2
+    d = _norm(_arg(node, "dim", index, 0), len(source))
+    a.mark(_sym_syms(source[d]), "splits it")
+    outs = []
+    for v in node.meta["val"]:
+        layout = list(source)
+        if target is aten.unbind.int:
+            del layout[d]
+        else:
+            layout[d] = a.dim_from_size(v.shape[d])
+        outs.append(tuple(layout))
+    a.layouts[node] = outs
+    return ()
+
+
+def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.cat.default, aten.stack.default):
+        return None
+    parts = [p for p in node.args[0] if isinstance(p, torch.fx.Node)]
+    layouts = [a.layout(p) for p in parts]
+    if any(layout is None for layout in layouts) or not layouts:
+        a._unknown(node)
+        return ()
+    out = node.meta["val"]
+    d = _norm(_arg(node, "dim", 1, 0), out.dim())
+    result = []
+    for k in range(out.dim()):
+        if target is aten.cat.default and k == d:
+            for layout in layouts:
+                if len(layout) == out.dim():
+                    a.mark(_sym_syms(layout[k]), "concatenates along it")
+            result.append(a.dim_from_size(out.shape[k]))
+            continue
+        if target is aten.stack.default and k == d:
+            result.append(a.dim_from_size(out.shape[k]))
+            continue
+        source_k = k if target is aten.cat.default or k < d else k - 1
+        dims = [layout[source_k] for layout in layouts if len(layout) > source_k]
+        dims = [x for x in dims if x != _ONE] or [_ONE]
+        if all(x == dims[0] for x in dims):
+            result.append(dims[0])
+        else:
+            a.mark(_free(f for x in dims for f in x), "concatenates differently laid out dims")
+            result.append(a.dim_from_size(out.shape[k]))
+    a.layouts[node] = tuple(result)
+    return ()
+
+
+def _rule_attention(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not CPU_FLASH_ATTENTION:
+        return None
+    q, k, v = (a.layout(x) for x in node.args[:3])
+    if q is None or k is None or v is None or not len(q) == len(k) == len(v) == 4:
+        a._unknown(node)
+        return ()
+    dropout, is_causal = flash_attention_flags(node)
+    mask = node.kwargs.get("attn_mask")
+    for i in (0, 1):
+        if not q[i] == k[i] == v[i]:
+            a.mark(_sym_syms(q[i]) | _sym_syms(k[i]) | _sym_syms(v[i]), "pairs differently laid out heads")
+    a.mark(_sym_syms(q[3]) | _sym_syms(k[3]), "contracts over it (attention scores)")
+    if k[2] != v[2]:
+        a.mark(_sym_syms(k[2]) | _sym_syms(v[2]), "pairs differently laid out keys and values")
+    if dropout:
+        a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "drops attention at random along it")
+    causal = is_causal and mask is None and q[2] == k[2]
+    if any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users):
+        # The decomposition that masks padded keys returns only the output.
+        a.mark(_sym_syms(k[2]), "reads attention's logsumexp over it")
+    if not causal:
+        a.mark(_sym_syms(k[2]), "attends over it without a causal mask (every query reads every key)")
+    a.layouts[node] = [(q[0], q[1], q[2], v[3]), (q[0], q[1], q[2])]
+    return ()
+
+
+RULES: tuple[Rule, ...] = (
+    _rule_same_layout,
+    _rule_view,
+    _rule_permute,
+    _rule_squeeze,
+    _rule_expand,
+    _rule_reduction,
+    _rule_mixes_along,
+    _rule_windowed,
+    _rule_layer_norm,
+    _rule_batch_norm,
+    _rule_matmul,
+    _rule_embedding,
+    _rule_arange,
+    _rule_factory,
+    _rule_slice,
+    _rule_select,
+    _rule_split,
+    _rule_cat,
+    _rule_attention,
+)
