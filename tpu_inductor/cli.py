@@ -90,7 +90,7 @@ def _cache_clear(args: argparse.Namespace) -> int:
     cache = _open_cache(args)
     learned = cache.side_files()
     removed = cache.clear()
-    repros = _cache_clear_repros(cache.root)
+    repros = cache.clear_repros()
     print(f"removed {removed} entries from {cache.root}" + (
         f" and {len(learned)} learned file(s) (unsupported ops, kernel timings)" if learned else ""
     ) + (f" and {repros} reproducer bundle(s)" if repros else ""))
@@ -113,16 +113,6 @@ def _size_argument(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _cache_clear_repros(cache_root: Path) -> int:
-    """Reproducer bundles written under the cache directory (see reporting/repro.py)."""
-    import shutil
-
-    repro = Path(cache_root) / "repro"
-    bundles = list(repro.iterdir()) if repro.is_dir() else []
-    shutil.rmtree(repro, ignore_errors=True)
-    return len(bundles)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -243,12 +243,15 @@ LEARNED_UNSUPPORTED = "learned_unsupported-{digest}.json"
 KERNEL_TIMINGS = "kernel_timings-{device_kind}-{digest}.json"
 """Eager vs XLA timings per op signature (passes/kernel_choice.py)."""
 _SIDE_FILES = (LEARNED_UNSUPPORTED, KERNEL_TIMINGS)
+REPRO_DIR = "repro"
+"""Reproducer bundles of failed lowerings when no report directory is set (reporting/repro.py)."""
 
 
 class DiskCache:
     """Entries of two kinds (``graphs``, ``executables``) under one directory,
-    and the files of what processes learned beside them (:data:`LEARNED_UNSUPPORTED`,
-    :data:`KERNEL_TIMINGS`)."""
+    the files of what processes learned beside them (:data:`LEARNED_UNSUPPORTED`,
+    :data:`KERNEL_TIMINGS`) and reproducer bundles (:data:`REPRO_DIR`): every
+    path under the cache directory is named here."""
 
     def __init__(self, root: Path, max_bytes: int = 2 * 1024**3) -> None:
         self.root = Path(root)
@@ -476,6 +479,16 @@ class DiskCache:
         for path in self.side_files():
             path.unlink(missing_ok=True)
         return removed
+
+    @property
+    def repro_dir(self) -> Path:
+        return self.root / REPRO_DIR
+
+    def clear_repros(self) -> int:
+        """Remove every reproducer bundle; returns how many there were."""
+        bundles = list(self._children(self.repro_dir))
+        shutil.rmtree(self.repro_dir, ignore_errors=True)
+        return len(bundles)
 
     def side_files(self, pattern: Optional[str] = None) -> list[Path]:
         """The learned files beside the entries (one of :data:`_SIDE_FILES`, or all)."""
