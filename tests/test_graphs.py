@@ -274,3 +274,29 @@ def test_grouped_conv1d_backward_lowers(channels, out_channels, groups, kernel, 
     actual = torch.autograd.grad(compiled(loss, eager_kernels=False)(x), wrt)
     torch.testing.assert_close(actual, expected)
     assert fallback_ops() == []
+
+
+@pytest.mark.parametrize("before", [lambda x: x, torch.sin], ids=["input", "computed"])
+def test_as_strided_of_a_diagonal_reads_the_storage_the_diagonal_views(before):
+    """torch-mlir's e2e ``AtenAsStridedAfterDiagonalModule``: a diagonal made a
+    gather while tracing is a new tensor, and an as_strided of it read past its
+    four elements (``setStorage: ... out of bounds``) in the user's call."""
+
+    def f(x):
+        view = torch.ops.aten.diagonal(before(x), offset=0, dim1=0, dim2=1)
+        return torch.ops.aten.as_strided(view, size=(3,), stride=(6,), storage_offset=0) * 1
+
+    run_both(f, torch.arange(20, dtype=torch.float32).reshape(4, 5))
+    assert fallback_ops() == []
+
+
+@pytest.mark.parametrize("offset, dims", [(0, (0, 1)), (1, (1, 2)), (-2, (2, 0))])
+def test_diagonal_backward_lowers(offset, dims):
+    """The backward of a diagonal is a diagonal_scatter, lowered as an index_put."""
+    x = torch.randn(4, 3, 5, requires_grad=True)
+    fn = lambda a: (torch.diagonal(a.sin(), offset, *dims) ** 2).sum()  # noqa: E731
+    compiled(fn)(x).backward()
+    got, x.grad = x.grad, None
+    fn(x).backward()
+    torch.testing.assert_close(got, x.grad)
+    assert fallback_ops() == []

@@ -188,7 +188,7 @@ def has_compute(record: report.Report) -> bool:
 # whose output is uninitialized memory are never claimed.
 
 FLOAT32_OPS = (
-    # aten.diagonal lowers through our gather decomposition (passes/decompositions.py).
+    # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
@@ -282,7 +282,7 @@ FLOAT32_OPS = (
 )
 
 INT64_OPS = (
-    # aten.diagonal lowers through our gather decomposition (passes/decompositions.py).
+    # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
@@ -343,7 +343,7 @@ INT64_OPS = (
 )
 
 BFLOAT16_OPS = (
-    # aten.diagonal lowers through our gather decomposition (passes/decompositions.py).
+    # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',

@@ -29,6 +29,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from tpu_inductor.passes.decompositions import ATTENTION_OPS
 from tpu_inductor.passes.tie_sensitive_ops import tie_order_reason
 
 
@@ -206,6 +207,14 @@ def _tensors(value: object) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def _draws_random_numbers(node: torch.fx.Node) -> bool:
+    """PyTorch tags every op that draws from its generator; torch-mlir lowers
+    some of them (``rrelu_with_noise``) with a generator of its own, whose
+    numbers are not eager's. Attention ops carry the tag for their dropout,
+    which passes/attention.py decomposes before anything is placed."""
+    return torch.Tag.nondeterministic_seeded in node.target.tags and node.target not in ATTENTION_OPS
 
 
 def _describe_tensor(tensor: torch.Tensor) -> str:
@@ -416,7 +425,7 @@ class SupportTable:
         hazard = _known_bad_lowering(node, key)
         if hazard:
             return hazard
-        if key in EAGER_ONLY:
+        if key in EAGER_ONLY or _draws_random_numbers(node):
             return "random op: runs in eager to use torch's generator"
         entry = self._learned.get(self.signature(node))
         return entry["reason"] if entry is not None else None

@@ -39,7 +39,9 @@ aten = torch.ops.aten
 
 def as_strided_as_gather(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph, changed = gm.graph, False
-    for node in list(graph.find_nodes(op="call_function", target=aten.as_strided.default)):
+    # Readers first: an as_strided of an as_strided reads the storage the inner one
+    # views, which the inner one no longer does once it is a gather.
+    for node in reversed(list(graph.find_nodes(op="call_function", target=aten.as_strided.default))):
         view, size, stride = node.args[:3]
         offset = (node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")) or 0
         source = _storage_owner(view)

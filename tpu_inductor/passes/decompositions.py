@@ -83,21 +83,30 @@ def _broadcast_shift(tensor_op):
     return shift
 
 
-def _diagonal_by_gather(x, offset: int = 0, dim1: int = 0, dim2: int = 1):
-    """``diagonal`` as an advanced-indexing gather on the last two dims.
-
-    torch-mlir has no StableHLO lowering for ``aten.diagonal`` (it fails on the
-    int operands), and PyTorch's decomposition is an ``as_strided``, which XLA
-    rejects. Moving the two dims last and indexing them with paired aranges
-    gives the same values with the diagonal as the last dim, as eager does.
-    """
+def _diagonal_indices(x, offset: int, dim1: int, dim2: int):
+    """``x`` with ``dim1, dim2`` moved last, and the paired row and column
+    indices of its diagonal at ``offset``."""
     dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
     rows, cols = x.shape[dim1], x.shape[dim2]
     row_start, col_start = max(-offset, 0), max(offset, 0)
     length = max(0, min(rows - row_start, cols - col_start))
-    moved = x.movedim((dim1, dim2), (-2, -1))
     steps = torch.arange(length, device=x.device)
-    return moved[..., steps + row_start, steps + col_start]
+    return x.movedim((dim1, dim2), (-2, -1)), steps + row_start, steps + col_start, (dim1, dim2)
+
+
+def _diagonal_scatter_by_index_put(x, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    """``diagonal_scatter`` (the backward of ``diagonal``) as an ``index_put`` at
+    the diagonal's paired indices.
+
+    torch-mlir has no StableHLO lowering for it. ``diagonal`` itself is
+    PyTorch's decomposition, an ``as_strided`` view of its input, which
+    passes/as_strided_as_gather.py turns into a gather; it stays a view until
+    then, so an ``as_strided`` of a diagonal (torch-mlir's e2e
+    ``AtenAsStridedAfterDiagonalModule``) still reads the input's storage.
+    """
+    moved, rows, cols, dims = _diagonal_indices(x, offset, dim1, dim2)
+    leading = [None] * (moved.dim() - 2)
+    return aten.index_put.default(moved, [*leading, rows, cols], src).movedim((-2, -1), dims)
 
 
 def _integer_reciprocal(x):
@@ -264,7 +273,8 @@ _OURS: dict = {
     aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
     aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
-    aten.diagonal.default: _diagonal_by_gather,
+    aten.diagonal.default: torch._decomp.decomposition_table[aten.diagonal.default],
+    aten.diagonal_scatter.default: _diagonal_scatter_by_index_put,
     aten.unfold.default: _unfold_by_gather,
     aten.reciprocal.default: _integer_reciprocal,
     aten.linalg_solve_triangular.default: _solve_triangular_by_substitution,
