@@ -1,9 +1,11 @@
-"""Average pools that exclude padding: eager's values, and a divisor computed on one plane.
+"""Average pools whose divisor is not the window size: eager's values, on the device.
 
-The divisor used to be a reduce_window over ones of the input's full size,
-which XLA constant-folds element by element (90-124 s of compile for a
-[32, 384, 25, 25] PoolFormer pool). The structural test asserts the plane
-is [1, 1, H, W]; no test times the compile.
+Excluding padding, the divisor used to be a reduce_window over ones of the
+input's full size, which XLA constant-folds element by element (90-124 s of
+compile for a [32, 384, 25, 25] PoolFormer pool): the structural test
+asserts the counted plane is [1, 1, H, W] (padded); no test times the
+compile. ceil_mode windows past the padding and divisor_override ran
+eagerly (torch-mlir's shape inference disagreed, or it refused the override).
 """
 
 from __future__ import annotations
@@ -25,13 +27,20 @@ F = torch.nn.functional
         (F.avg_pool2d, (1, 2, 8, 8), dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 1))),
         (F.avg_pool2d, (1, 2, 10, 6), dict(kernel_size=4, stride=3, padding=2)),
         (F.avg_pool3d, (1, 2, 5, 6, 7), dict(kernel_size=3, stride=2, padding=1)),
+        # torch-mlir's e2e AvgPool2dCeilModeFullDimIndivisibleByStrideModule and kin
+        (F.avg_pool2d, (1, 1, 50, 50), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=True)),
+        (F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=2, stride=3, ceil_mode=True)),
+        (F.avg_pool3d, (1, 1, 5, 7, 6), dict(kernel_size=(2, 3, 2), stride=(2, 2, 3), padding=1, ceil_mode=True)),
+        (F.avg_pool2d, (1, 2, 8, 8), dict(kernel_size=2, divisor_override=3)),
+        (F.avg_pool3d, (1, 2, 4, 4, 4), dict(kernel_size=2, stride=1, padding=1, divisor_override=2)),
     ],
 )
-def test_pools_excluding_padding_match_eager_on_the_device(pool, shape, kwargs):
+def test_pools_with_other_divisors_match_eager_on_the_device(pool, shape, kwargs):
     x = torch.randn(shape)
+    kwargs = {"count_include_pad": False, **kwargs}
 
     def fn(a):
-        return pool(a, count_include_pad=False, **kwargs)
+        return pool(a, **kwargs)
 
     out = torch.compile(fn, backend="tpu", options={"cache": False})(x)
     # Sums of at most 27 values of order 1 divided by an exact count: a few ulps.
@@ -45,5 +54,5 @@ def test_the_divisor_is_counted_on_one_plane_not_the_whole_input():
         lambda a: F.avg_pool2d(a, 3, 1, 1, count_include_pad=False), decomposition_table=AVG_POOL_DECOMPOSITIONS
     )(x)
     pools = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.avg_pool2d.default)
-    assert sorted(tuple(p.args[0].meta["val"].shape) for p in pools) == [(1, 1, 25, 25), (4, 96, 25, 25)]
-    assert all(p.args[5] if len(p.args) > 5 else True for p in pools)  # every pool counts padding now
+    assert sorted(tuple(p.args[0].meta["val"].shape) for p in pools) == [(1, 1, 27, 27), (4, 96, 27, 27)]
+    assert all(len(p.args) < 4 or p.args[3] == [0, 0] for p in pools)  # padded explicitly: every window is full

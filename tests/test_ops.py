@@ -641,6 +641,11 @@ FIXED_ON_DEVICE = {
     "remainder_negative": (lambda x: x % 3.0, (torch.tensor([-7.0, 7.0, -36.0, 5.0]),)),
     "remainder_int_by_float": (lambda x: x % -2.5, (torch.tensor([-7, 7, -36, 5]),)),
     "sign_of_constant": (lambda x: x * torch.scalar_tensor(3.0).sign(), (torch.tensor([-7.0, 7.0]),)),
+    # torch-mlir ignored avg_pool3d's override (divided by the window); passes/avg_pool_counts.py
+    "avg_pool3d_divisor_override": (
+        lambda x: torch.nn.functional.avg_pool3d(x, 2, stride=1, padding=1, divisor_override=2),
+        (torch.linspace(-3, 3, 64).reshape(1, 1, 4, 4, 4),),
+    ),
     "compare_constant": (
         lambda x: torch.where(torch.scalar_tensor(0.5) > 0, x, -x),
         (torch.tensor([-7.0, 7.0]),),
@@ -655,11 +660,6 @@ ROUTED_TO_EAGER = {
         "aten.topk",
     ),
 
-    "avg_pool3d_divisor_override": (
-        lambda x: torch.nn.functional.avg_pool3d(x, 2, stride=1, padding=1, divisor_override=2),
-        (torch.linspace(-3, 3, 64).reshape(1, 1, 4, 4, 4),),
-        "aten.avg_pool3d",
-    ),
     "logcumsumexp_large": (
         lambda x: torch.logcumsumexp(x, 0),
         (torch.tensor([100.0, 50.0]),),

@@ -281,9 +281,6 @@ def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
         # x.sum(0, keepdim=True) on a 0-d tensor segfaults inside torch-mlir
         # (without keepdim it lowers fine).
         return "keepdim reduction of a 0-d tensor crashes torch-mlir"
-    if key == "aten.avg_pool3d" and _argument(node, "divisor_override") is not None:
-        # Lowered, but the override was ignored: the result divided by the window.
-        return "torch-mlir ignores avg_pool3d's divisor_override"
     return None
 
 

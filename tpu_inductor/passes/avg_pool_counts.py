@@ -1,32 +1,46 @@
-"""``avg_pool2d/3d(count_include_pad=False)`` with its divisor computed on one plane.
+"""Average pools whose divisor is not the window size, as a window sum over a count.
 
-Why: torch-mlir lowers the divisor of a pool that excludes padding as a
-``reduce_window`` over a constant of ones the size of the whole input, and
-XLA constant-folds it element by element: a ``[32, 384, 25, 25]``
-PoolFormer pool took 90-124 s to compile (``[4, 96, 25, 25]``: 2.5 s of
-folding). The count of real elements in a window depends only on the
-spatial position, so it is computed here on a ``[1, 1, H, W]`` plane of
-ones (folded in microseconds) and broadcast; the sum is the
-zero-padded pool times the window size.
+Why: torch-mlir lowers ``avg_pool2d/3d`` well only when every window divides
+by its full size. Three cases that do not:
+
+* ``count_include_pad=False``: the divisor became a ``reduce_window`` over a
+  constant of ones the size of the whole input, which XLA constant-folds
+  element by element (a ``[32, 384, 25, 25]`` PoolFormer pool took 90-124 s
+  to compile; ``[4, 96, 25, 25]`` 2.5 s of folding);
+* ``ceil_mode=True`` with a last window past the padding: the lowering's
+  shape inference disagreed with the op's (``'stablehlo.reduce_window' op
+  inferred type(s) 'tensor<1x1x25x25xf32>' are incompatible with ...
+  26x26``, six of torch-mlir's own e2e tests), and the pool ran eagerly;
+* ``divisor_override``: rejected by torch-mlir (``avg_pool2d``) or ignored
+  (``avg_pool3d``: the result silently divided by the window).
+
+Eager's kernel sums each window over the input elements it covers and
+divides by ``divisor_override``, or by the window clipped to the padded
+input (``count_include_pad``), or clipped to the input. Here the input is
+padded explicitly (``padding`` before, ``padding`` plus what the last ceil
+window needs after), pooled with no padding and no ceil (every window full:
+the window sum is the pool times its size), and divided by the same pool of
+a ``[1, 1, H, W]`` plane that holds 1 where eager counts an element: folded
+in microseconds, broadcast over batch and channels. Half-precision inputs
+are summed in float32, as eager's kernel does.
 
 Before: ``avg_pool2d(x, 3, 1, 1, count_include_pad=False)``.
-After: ``avg_pool2d(x, 3, 1, 1) * 9 / (avg_pool2d(ones[1, 1, H, W], 3, 1, 1) * 9)``.
-
-Only for ``ceil_mode=False``: there every window lies inside the padded
-input, so the zero-padded pool divides by exactly the window size.
+After: ``avg_pool2d(pad(x, 1), 3) * 9 / (avg_pool2d(pad(ones[1, 1, H, W], 1), 3) * 9)``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 aten = torch.ops.aten
 
+_HALF = (torch.bfloat16, torch.float16)
 
-def _excluding_padding(pool: torch._ops.OpOverload, spatial_dims: int) -> Callable:
+
+def _as_window_sums(pool: torch._ops.OpOverload, spatial_dims: int) -> Callable:
     def decomposition(
         x: torch.Tensor,
         kernel_size: Sequence[int],
@@ -34,20 +48,50 @@ def _excluding_padding(pool: torch._ops.OpOverload, spatial_dims: int) -> Callab
         padding: Sequence[int] = 0,
         ceil_mode: bool = False,
         count_include_pad: bool = True,
-        divisor_override=None,
+        divisor_override: Optional[int] = None,
     ):
-        padding = _per_dim(padding, spatial_dims)
-        if count_include_pad or ceil_mode or divisor_override is not None or not any(padding):
-            return NotImplemented  # the op itself: its divisor is a constant
         kernel = _per_dim(kernel_size, spatial_dims)
-        stride = _per_dim(stride, spatial_dims) if stride else kernel
+        strides = _per_dim(stride, spatial_dims) if stride else kernel
+        pads = _per_dim(padding, spatial_dims)
+        sizes = list(x.shape[-spatial_dims:])
+        if not all(isinstance(v, int) for v in sizes):
+            return NotImplemented  # symbolic sizes: the op itself
+        outputs = [_pooled_size(n, k, s, p, ceil_mode) for n, k, s, p in zip(sizes, kernel, strides, pads)]
+        extra = [max(0, (o - 1) * s + k - (n + 2 * p)) for o, n, k, s, p in zip(outputs, sizes, kernel, strides, pads)]
+        excludes_padding = not count_include_pad and any(pads)
+        if divisor_override is None and not excludes_padding and not any(extra):
+            return NotImplemented  # every window divides by its full size: the op itself
         window = math.prod(kernel)
-        summed = pool(x, kernel, stride, padding, False, True) * window
-        plane = torch.ones((1,) * (x.dim() - spatial_dims) + tuple(x.shape[-spatial_dims:]), dtype=x.dtype, device=x.device)
-        counts = pool(plane, kernel, stride, padding, False, True) * window
-        return summed / counts
+        compute = torch.float32 if x.dtype in _HALF else x.dtype
+        padded = _pad(x.to(compute), [(p, p + e) for p, e in zip(pads, extra)])
+        sums = pool(padded, kernel, strides, [0] * spatial_dims, False, True) * window
+        if divisor_override is not None:
+            return (sums / divisor_override).to(x.dtype)
+        plane = torch.ones((1,) * (x.dim() - spatial_dims) + tuple(sizes), dtype=compute, device=x.device)
+        if count_include_pad:  # the padding counts, what the last ceil window adds past it does not
+            counted = _pad(_pad(plane, [(p, p) for p in pads], value=1.0), [(0, e) for e in extra])
+        else:
+            counted = _pad(plane, [(p, p + e) for p, e in zip(pads, extra)])
+        counts = pool(counted, kernel, strides, [0] * spatial_dims, False, True) * window
+        return (sums / counts).to(x.dtype)
 
     return decomposition
+
+
+def _pad(x: torch.Tensor, low_high: Sequence[tuple[int, int]], value: float = 0.0) -> torch.Tensor:
+    """``x`` padded on its trailing dims by ``(low, high)`` each, with ``value``."""
+    flat = [amount for low, high in reversed(low_high) for amount in (low, high)]
+    return aten.constant_pad_nd.default(x, flat, value) if any(flat) else x
+
+
+def _pooled_size(size: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -> int:
+    """Eager's output size: with ``ceil_mode`` the last window may run past the
+    padded input but must start inside the input or its left padding."""
+    span = size + 2 * padding - kernel
+    windows = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (windows - 1) * stride >= size + padding:
+        windows -= 1
+    return windows
 
 
 def _per_dim(value, dims: int) -> list[int]:
@@ -56,6 +100,6 @@ def _per_dim(value, dims: int) -> list[int]:
 
 
 AVG_POOL_DECOMPOSITIONS: dict = {
-    aten.avg_pool2d.default: _excluding_padding(aten.avg_pool2d.default, 2),
-    aten.avg_pool3d.default: _excluding_padding(aten.avg_pool3d.default, 3),
+    aten.avg_pool2d.default: _as_window_sums(aten.avg_pool2d.default, 2),
+    aten.avg_pool3d.default: _as_window_sums(aten.avg_pool3d.default, 3),
 }
