@@ -18,7 +18,9 @@ from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.passes.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
 from tpu_inductor.passes.exact_values import EXACT_VALUE_DECOMPOSITIONS
 from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
+from tpu_inductor.passes.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
 from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
+from tpu_inductor.passes.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
 from tpu_inductor.passes.quantize_decompositions import quantize_decompositions
 from tpu_inductor.passes.tie_sensitive_ops import keep_unsorted_topk
 
@@ -374,7 +376,9 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table.update(_OURS)
     table.update(EXACT_VALUE_DECOMPOSITIONS)
     table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)
+    table.update(POOLING_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)
+    table.update(MISSING_LOWERING_DECOMPOSITIONS)
     table.update(FAST_PATH_DECOMPOSITIONS)
     table.update(quantize_decompositions())
     table.update(_inductor_prims())
