@@ -360,3 +360,28 @@ def test_bucket_options_from_config_and_environment():
         Config.load({"recompile_budget": "many"}, environ={})
     assert BucketPolicy(sizes=(16, 64)).bucket(70) == 70  # past the largest: exact
     assert BucketPolicy().bucket(100, upper_bound=120) == 120
+
+
+def test_an_executable_returning_other_shapes_than_promised_runs_its_island_eagerly(monkeypatch):
+    """A wrong shape from the device never reaches the user, nor fails the call:
+    the island's ATen graph runs instead, and the report says why. (torch-mlir's
+    dynamic ceil_mode average pool returned one window fewer per dim; the support
+    table now keeps it off the device, so it is let through here to check the net.)"""
+    from tpu_inductor.lowering import support
+
+    monkeypatch.setattr(support, "_known_bad_lowering", lambda node, key: None)
+    fn = lambda x: torch.nn.functional.avg_pool2d(x, 3, 2, ceil_mode=True) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="tpu", options={"cache": False}, dynamic=True)
+    for batch in (2, 3):
+        x = torch.randn(batch, 4, 10, 10)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert any("graph promises" in f.reason for f in report.current().fallbacks())
+
+
+def test_dynamic_ceil_mode_average_pool_runs_eagerly_with_its_reason():
+    fn = lambda x: torch.nn.functional.avg_pool2d(x, 3, 2, ceil_mode=True) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="tpu", options={"cache": False}, dynamic=True)
+    for batch in (2, 3):
+        x = torch.randn(batch, 4, 10, 10)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert [f.op for f in report.current().fallbacks()] == ["aten.avg_pool2d.default"]

@@ -23,6 +23,7 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
+from tpu_inductor.errors import OutputMismatchError
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
@@ -118,7 +119,21 @@ class DeviceIsland:
             self._check_inputs(tensors)
         if self._run_eagerly:
             return tuple(self.aten_graph(*tensors))
-        return tuple(self.executable.run(*tensors))
+        try:
+            return tuple(self.executable.run(*tensors))
+        except OutputMismatchError as exc:  # checked on the first call only
+            if self.aten_graph is None:
+                raise
+            self._give_up_device(str(exc))
+            return tuple(self.aten_graph(*tensors))
+
+    def _give_up_device(self, reason: str) -> None:
+        """Run this island's ATen graph eagerly from now on, which is right by
+        construction, and say why in the report."""
+        log.warning("tpu_inductor: %s: %s; island runs eagerly", self.executable.name, reason)
+        if self.graph_record is not None:
+            self.graph_record.fallbacks.append(report.FallbackRecord(self.executable.name, reason, None))
+        self._run_eagerly = True
 
     def _check_inputs(self, tensors: Sequence[torch.Tensor]) -> None:
         """The first call's inputs must be what the executable was compiled for.
@@ -133,14 +148,10 @@ class DeviceIsland:
         got = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         if got == list(expected) or self.aten_graph is None:
             return
-        reason = (
+        self._give_up_device(
             f"inputs arrived as {[(s.dtype, s.shape) for s in got if s not in expected]} "
-            "where the graph's metadata promised otherwise; island runs eagerly"
+            "where the graph's metadata promised otherwise"
         )
-        log.warning("tpu_inductor: %s: %s", self.executable.name, reason)
-        if self.graph_record is not None:
-            self.graph_record.fallbacks.append(report.FallbackRecord(self.executable.name, reason, None))
-        self._run_eagerly = True
 
 
 class ReusedResults:

@@ -29,6 +29,11 @@ class LoweringError(TpuInductorError):
     """torch-mlir or XLA rejected a graph that the support table accepted."""
 
 
+class OutputMismatchError(LoweringError):
+    """An executable returned shapes or dtypes other than the graph promises:
+    its island runs eagerly instead (a wrong result is never returned)."""
+
+
 class RecompileBudgetError(TpuInductorError):
     """A dynamic graph needs more executables than ``recompile_budget`` and ``strict`` is on."""
 

@@ -11,6 +11,7 @@ the bucket for a call before running; islands read it from the shared
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Hashable, Mapping, Optional
@@ -20,12 +21,14 @@ import torch
 import torch.fx
 
 from tpu_inductor import report
-from tpu_inductor.errors import LoweringError
+from tpu_inductor.errors import LoweringError, OutputMismatchError
 from tpu_inductor.lowering.refine import refine_to_static
 from tpu_inductor.lowering.symbolic import SymbolicModule
 from tpu_inductor.passes.padding_safety import expr_of
 from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
 from tpu_inductor.runtime.executable import TensorSpec
+
+log = logging.getLogger(__name__)
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -49,6 +52,7 @@ class SymbolicIsland:
         record: Optional[report.GraphRecord],
     ) -> None:
         self.island_name = name
+        self.graph = graph
         self.lowered = lowered
         self._state = state
         self._context = context
@@ -70,6 +74,7 @@ class SymbolicIsland:
             (tuple(expr_of(s) for s in n.meta["val"].shape), n.meta["val"].dtype) for n in outputs
         ]
         self._executables: dict[Hashable, DeviceExecutable] = {}
+        self._eager_keys: set[Hashable] = set()
 
     def prepare(self, key: Hashable, sizes: Mapping[sympy.Symbol, int]) -> DeviceExecutable:
         """The executable for the bucket ``key`` whose symbol values are ``sizes``."""
@@ -126,8 +131,18 @@ class SymbolicIsland:
         return executable
 
     def run(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        executable = self._executables[self._state.key]
-        return tuple(executable(*[a for a in args if isinstance(a, torch.Tensor)]))
+        key = self._state.key
+        if key in self._eager_keys:
+            return tuple(self.graph(*args))
+        try:
+            return tuple(self._executables[key](*[a for a in args if isinstance(a, torch.Tensor)]))
+        except OutputMismatchError as exc:  # checked on a bucket's first call only
+            # The island's ATen graph on the padded inputs is right by construction.
+            log.warning("tpu_inductor: %s; this bucket runs the island eagerly", exc)
+            if self._record is not None:
+                self._record.fallbacks.append(report.FallbackRecord(self.island_name, str(exc), None))
+            self._eager_keys.add(key)
+            return tuple(self.graph(*args))
 
 
 def _number(value: sympy.Expr) -> Any:

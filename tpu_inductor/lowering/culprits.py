@@ -144,8 +144,9 @@ def _is_compute_call(node: torch.fx.Node) -> bool:
 
 
 def _shapes(node: torch.fx.Node) -> tuple:
+    """The input shapes, as text: a symbolic size (``s0``) is not hashable."""
     return tuple(
-        tuple(v.shape) if isinstance(v, torch.Tensor) else None
+        str(tuple(v.shape)) if isinstance(v, torch.Tensor) else None
         for v in (a.meta.get("val") for a in node.all_input_nodes)
     )
 

@@ -281,6 +281,12 @@ def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
         # x.sum(0, keepdim=True) on a 0-d tensor segfaults inside torch-mlir
         # (without keepdim it lowers fine).
         return "keepdim reduction of a 0-d tensor crashes torch-mlir"
+    if key in ("aten.avg_pool2d", "aten.avg_pool3d") and _argument(node, "ceil_mode") is True:
+        spatial = first_value.shape[-3 if key == "aten.avg_pool3d" else -2 :] if isinstance(first_value, torch.Tensor) else ()
+        if any(isinstance(size, torch.SymInt) for size in spatial):
+            # Static ones are decomposed (passes/avg_pool_counts.py); with dynamic
+            # sizes torch-mlir's executable returned one window fewer per dim.
+            return "torch-mlir sizes ceil_mode windows wrongly when the pooled sizes are dynamic"
     return None
 
 

@@ -158,11 +158,11 @@ class DeviceExecutable:
 
     def _check_outputs(self, outputs: list[torch.Tensor]) -> None:
         """A wrong dtype or shape is a wrong number: refuse it, once per executable."""
-        from tpu_inductor.errors import LoweringError
+        from tpu_inductor.errors import OutputMismatchError
 
         got = [TensorSpec(tuple(o.shape), o.dtype) for o in outputs]
         if got != list(self._output_specs):
-            raise LoweringError(
+            raise OutputMismatchError(
                 f"{self.name}: the device returned {got} but the graph promises "
                 f"{list(self._output_specs)}; refusing a silently different result"
             )

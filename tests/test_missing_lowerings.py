@@ -1,0 +1,41 @@
+"""Ops torch-mlir cannot lower, decomposed into ops it can: on the device, eager's values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpu_inductor.report as report
+
+F = torch.nn.functional
+
+
+def on_device(fn, *args):
+    got = torch.compile(fn, backend="tpu", options={"cache": False})(*args)
+    assert report.current().fallbacks() == [] and report.current().islands()
+    return got
+
+
+@pytest.mark.parametrize(
+    "x, dim",
+    [
+        (torch.randn(3, 7), 1),
+        (torch.rand(2, 100) + 0.5, -1),
+        (torch.randint(-3, 4, (6, 2), dtype=torch.int32), 0),  # promotes to int64, exact
+        (torch.rand(5) > 0.3, 0),
+    ],
+    ids=["float", "long_row", "int32", "bool"],
+)
+def test_cumprod_runs_on_the_device(x, dim):
+    got, expected = on_device(lambda a: torch.cumprod(a, dim), x), torch.cumprod(x, dim)
+    assert got.dtype == expected.dtype
+    # A scan by doubling multiplies in another order: a few float32 ulps over 100 factors.
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, size", [((2, 3, 7, 9), (3, 2)), ((1, 1, 5, 5), (2, 2))])
+def test_adaptive_max_pool2d_runs_on_the_device(shape, size):
+    x = torch.randn(shape) if shape[-1] == 9 else torch.zeros(shape)  # zeros: every window ties
+    fn = lambda a: F.adaptive_max_pool2d(a, size, return_indices=True)  # noqa: E731
+    for got, expected in zip(on_device(fn, x), fn(x)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
