@@ -45,12 +45,14 @@ def _convolution_backward(
 ) -> Gradients:
     """Grouped backwards (any rank) by kernel taps; ungrouped 1-d ones as 2-d.
 
-    torch-mlir lowers the ungrouped 2-d backward (left as it is: that returns
-    ``NotImplemented``) but rejects grouped ones ("operand and result must have
+    torch-mlir lowers the ungrouped 2-d backward with static shapes (left as
+    it is: that returns ``NotImplemented``; with dynamic ones its transposed
+    convolution fails to legalize, so those go by taps too) but rejects grouped ones ("operand and result must have
     the same size", or XLA's "input feature dimension ... multiple of
     feature_group_count") and has no 1-d backward at all.
     """
-    if groups > 1 and input.dim() >= 3:
+    dynamic = any(isinstance(size, torch.SymInt) for size in (*input.shape, *grad_output.shape))
+    if (groups > 1 or (dynamic and not transposed)) and input.dim() >= 3:
         if transposed:
             return _grouped_transposed_backward(
                 grad_output, input, weight, stride, padding, dilation, groups, output_mask
