@@ -39,3 +39,29 @@ def test_adaptive_max_pool2d_runs_on_the_device(shape, size):
     fn = lambda a: F.adaptive_max_pool2d(a, size, return_indices=True)  # noqa: E731
     for got, expected in zip(on_device(fn, x), fn(x)):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("size, stride, offset", [((2, 2), (1, 2), 1), ((2, 3), (3, 1), 2)])
+def test_as_strided_scatter_runs_on_the_device(size, stride, offset):
+    fn = lambda x, src: torch.as_strided_scatter(x, src, size, stride, offset) * 2  # noqa: E731
+    x, src = torch.randn(10), torch.randn(size)
+    torch.testing.assert_close(on_device(fn, x, src), fn(x, src))
+
+
+def test_as_strided_backward_runs_on_the_device():
+    """The backward of as_strided is an as_strided_scatter into zeros."""
+    x = torch.randn(4, 6, requires_grad=True)
+    fn = lambda a: torch.as_strided(a.sin(), (3, 3), (6, 2), 1).square().sum()  # noqa: E731
+    torch.compile(fn, backend="tpu", options={"cache": False})(x).backward()
+    got, x.grad = x.grad, None
+    fn(x).backward()
+    torch.testing.assert_close(got, x.grad)
+    assert report.current().fallbacks() == []
+
+
+def test_overlapping_as_strided_scatter_keeps_eagers_order():
+    """Positions written twice: eager's copy has an order, a scatter has none; it stays eager."""
+    fn = lambda x, src: torch.as_strided_scatter(x, src, (2, 2), (1, 1), 0) * 2  # noqa: E731
+    x, src = torch.randn(10), torch.randn(2, 2)
+    torch.testing.assert_close(torch.compile(fn, backend="tpu", options={"cache": False})(x, src), fn(x, src))
+    assert [f.op for f in report.current().fallbacks()] == ["aten.as_strided_scatter.default"]

@@ -7,10 +7,16 @@ e2e suite, ``benchmarks/torch_mlir_e2e.py``):
   prefixes, which does not lower either; here it is a scan by doubling;
 * ``adaptive_max_pool2d``: torch-mlir's conversion fails ("condition must
   be true"); PyTorch's own decomposition (a max over gathered windows)
-  lowers, indices included.
+  lowers, indices included;
+* ``as_strided_scatter`` (the backward of every ``as_strided``): torch-mlir
+  cannot legalize its integer arguments; here an ``index_put`` at the
+  storage positions it writes.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 
@@ -45,7 +51,34 @@ def _cumprod_by_doubling(x: torch.Tensor, dim: int, dtype=None) -> torch.Tensor:
     return out
 
 
+# Positions are listed and checked for overlap in Python, at trace time: a bound on that work.
+_MAX_SCATTERED_POSITIONS = 1 << 16
+
+
+def _as_strided_scatter_by_index_put(x: torch.Tensor, src: torch.Tensor, size, stride, storage_offset=None):
+    """``as_strided_scatter`` of a contiguous tensor as an ``index_put`` of ``src``
+    at storage positions ``offset + sum_k i_k * stride_k``.
+
+    Only where no position is written twice (eager's overlapping copy has
+    an order; a scatter's does not) and ``x`` is its storage laid out
+    row-major, as the fresh tensors a backward scatters into are.
+    """
+    offset = storage_offset or 0
+    if not all(isinstance(v, int) for v in (*size, *stride, offset, *x.shape)) or not x.is_contiguous():
+        return NotImplemented
+    if math.prod(size) > _MAX_SCATTERED_POSITIONS:
+        return NotImplemented
+    positions = [offset + sum(i * step for i, step in zip(index, stride)) for index in itertools.product(*map(range, size))]
+    if len(set(positions)) != len(positions) or any(p < 0 or p >= x.numel() for p in positions):
+        return NotImplemented
+    index = torch.full((), offset, dtype=torch.int64, device=x.device)
+    for extent, step in zip(size, stride):  # the same positions, built in the graph
+        index = index.unsqueeze(-1) + torch.arange(extent, device=x.device) * step
+    return aten.index_put.default(x.reshape(-1), [index.reshape(-1)], src.reshape(-1).to(x.dtype)).view(x.shape)
+
+
 MISSING_LOWERING_DECOMPOSITIONS: dict = {
     aten.cumprod.default: _cumprod_by_doubling,
     aten.adaptive_max_pool2d.default: torch._decomp.decomposition_table[aten.adaptive_max_pool2d.default],
+    aten.as_strided_scatter.default: _as_strided_scatter_by_index_put,
 }
