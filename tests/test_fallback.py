@@ -283,3 +283,13 @@ def test_every_op_that_draws_random_numbers_uses_torchs_generator():
     torch.manual_seed(0)
     torch.testing.assert_close(compiled(f)(x, noise), expected)
     assert fallback_ops() == ["aten.rrelu_with_noise_functional.default"]
+
+
+def test_a_fallback_inside_a_torch_module_names_the_module():
+    """Compiled directly, a torch.nn module leaves Dynamo no stack trace of
+    user code: the report names the submodule instead of '?'."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
+    torch.compile(model, backend="tpu", options=OPTIONS)(torch.randn(2, 8))
+    (record,) = report.current().fallbacks()
+    assert record.op == "aten.native_dropout.default"
+    assert record.source == "module 1 (Dropout)"

@@ -46,13 +46,30 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def user_source_line(node: torch.fx.Node) -> Optional[str]:
-    """The innermost ``file:line`` of user code that produced ``node``."""
+    """The innermost ``file:line`` of user code that produced ``node``.
+
+    When the compiled callable is a ``torch.nn`` module itself, Dynamo keeps
+    no stack trace of its code: the module path names the place instead
+    (``module layers.0 (TransformerEncoderLayer)``), never a bare ``?``.
+    """
     stack = node.meta.get("stack_trace") or ""
     frames = _FRAME.findall(stack)
-    if not frames:
+    if frames:
+        path, line = frames[-1]
+        return f"{path}:{line}"
+    modules = node.meta.get("nn_module_stack") or {}
+    if not modules:
         return None
-    path, line = frames[-1]
-    return f"{path}:{line}"
+    path, kind = list(modules.values())[-1]
+    kind_name = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1].rstrip("'>")
+    return f"module {_module_path(path)} ({kind_name})"
+
+
+def _module_path(dynamo_path: str) -> str:
+    """``layers.0`` for Dynamo's ``L['fn'].layers.0`` / ``L['self'].layers[0]``."""
+    path = re.sub(r"^L\[['\"]\w+['\"]\]\.?", "", dynamo_path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path).replace("._modules['", ".").replace("']", "")
+    return path or "(the compiled one)"
 
 
 def describe_node(node: torch.fx.Node) -> str:
