@@ -65,3 +65,16 @@ def test_overlapping_as_strided_scatter_keeps_eagers_order():
     x, src = torch.randn(10), torch.randn(2, 2)
     torch.testing.assert_close(torch.compile(fn, backend="tpu", options={"cache": False})(x, src), fn(x, src))
     assert [f.op for f in report.current().fallbacks()] == ["aten.as_strided_scatter.default"]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dim, shapes", [(0, ((5, 4), (3, 4))), (-1, ((3, 5, 2), (2, 4, 2)))], ids=["dim0", "last_smaller_index"])
+def test_scatter_reduce_runs_on_the_device(reduce, include_self, dim, shapes):
+    generator = torch.Generator().manual_seed(0)
+    (x_shape, index_shape) = shapes
+    x, src = torch.randn(x_shape, generator=generator), torch.randn(index_shape, generator=generator)
+    index = torch.randint(0, x_shape[dim], index_shape, generator=generator)
+    fn = lambda a, i, s: torch.scatter_reduce(a, dim, i, s, reduce, include_self=include_self)  # noqa: E731
+    # Sums and products of at most five values in another order: a few ulps.
+    torch.testing.assert_close(on_device(fn, x, index, src), fn(x, index, src), rtol=1e-5, atol=1e-6)
