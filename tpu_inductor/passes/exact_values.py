@@ -87,7 +87,7 @@ def _input_index(coordinates, sizes, padding, dilation):
     return index
 
 
-def _max_pool_exact_windows(op, dims: int):
+def _max_pool_exact_windows(op, dims: int, lowering=None):
     """``max_pool{dims}d_with_indices`` with the windows eager uses.
 
     torch-mlir lowers ``ceil_mode=True`` by padding *both* sides of each
@@ -106,7 +106,9 @@ def _max_pool_exact_windows(op, dims: int):
     size), which torch-mlir reads as 1 when the indices output is used: the
     stride is spelled out too. And torch-mlir crashes the process
     (segmentation fault) converting a uint8 or int8 max pool: those pool in
-    int32, where the maximum is the same value.
+    int32, where the maximum is the same value. ``lowering``: what the plain
+    op becomes where torch-mlir cannot lower it at all (3-d pools with
+    indices: PyTorch's own decomposition, a max over gathered windows).
     """
 
     def decomposition(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -126,6 +128,8 @@ def _max_pool_exact_windows(op, dims: int):
             if any(h > p for h, p in zip(highs, pads)):
                 return _pool_padded(x, kernel, strides, pads, dilations, highs)
         if stride and not ceil_mode:
+            if lowering is not None:
+                return lowering(x, kernel, strides, pads, dilations, False)
             return NotImplemented  # the op as eager states it: torch-mlir lowers it right
         return op(x, kernel, strides, pads, dilations, False)
 
@@ -283,7 +287,9 @@ def _nan_without_degrees_of_freedom(op, otherwise=None):
 
 EXACT_VALUE_DECOMPOSITIONS: dict = {
     aten.max_pool2d_with_indices.default: _max_pool_exact_windows(aten.max_pool2d_with_indices.default, 2),
-    aten.max_pool3d_with_indices.default: _max_pool_exact_windows(aten.max_pool3d_with_indices.default, 3),
+    aten.max_pool3d_with_indices.default: _max_pool_exact_windows(
+        aten.max_pool3d_with_indices.default, 3, torch._decomp.decomposition_table[aten.max_pool3d_with_indices.default]
+    ),
     aten.div.Tensor_mode: _integer_floor_division,
     aten.div.Scalar_mode: _integer_floor_division,
     aten.eq.Tensor: _float_eq_kept,
