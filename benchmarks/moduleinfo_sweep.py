@@ -390,10 +390,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                           "partial": bool(args.modules or args.limit is not None or args.samples_per_module)},
             "jobs": args.jobs, "eager_kernels": args.eager_kernels,
             "seconds": round(time.perf_counter() - started, 1)}
-    common.write_json(args.out, {"meta": meta, "summary": summary, "samples": records})
-    print()
-    print(table(summary))
-    print(f"\n{len(tasks)} samples in {meta['seconds']:.0f} s; wrote {args.out}")
+    common.finish(args.out, meta, summary, "samples", records, table(summary), f"{len(tasks)} samples")
 
 
 if __name__ == "__main__":

@@ -210,6 +210,14 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def finish(path: Path, meta: dict, summary: dict, records_key: str, records: Any, table_text: str, counted: str) -> None:
+    """Write a sweep's results JSON and print its table and a closing line."""
+    write_json(path, {"meta": meta, "summary": summary, records_key: records})
+    print()
+    print(table_text)
+    print(f"\n{counted} in {meta['seconds']:.0f} s; wrote {path}")
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")

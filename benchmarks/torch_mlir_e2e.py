@@ -460,10 +460,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             record.setdefault("in", [])
             if record["id"] in members:
                 record["in"].append(name)
-    common.write_json(args.out, {"meta": meta, "summary": summary, "tests": records})
-    print()
-    print(table(summary))
-    print(f"\n{len(names)} tests in {meta['seconds']:.0f} s; wrote {args.out}")
+    common.finish(args.out, meta, summary, "tests", records, table(summary), f"{len(names)} tests")
 
 
 if __name__ == "__main__":
