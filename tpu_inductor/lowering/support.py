@@ -232,13 +232,8 @@ def _non_tensor_arguments(node: torch.fx.Node) -> list[str]:
     if schema is None:
         return []
     described = []
-    for position, argument in enumerate(schema.arguments):
-        if argument.name in node.kwargs:
-            value = node.kwargs[argument.name]
-        elif position < len(node.args) and not argument.kwarg_only:
-            value = node.args[position]
-        else:
-            continue
+    for argument in schema.arguments:
+        value = _argument(node, argument.name)
         if _holds_tensor(value) or (argument.has_default_value() and _same(value, argument.default_value)):
             continue
         described.append(f"{argument.name}={_describe_value(value)}")

@@ -35,6 +35,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from tpu_inductor.passes.convolution_backward import pad_spatial
+from tpu_inductor.passes.window_arguments import per_dim, pooled_size
+
 aten = torch.ops.aten
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -50,53 +53,32 @@ def _as_window_sums(pool: torch._ops.OpOverload, spatial_dims: int) -> Callable:
         count_include_pad: bool = True,
         divisor_override: Optional[int] = None,
     ):
-        kernel = _per_dim(kernel_size, spatial_dims)
-        strides = _per_dim(stride, spatial_dims) if stride else kernel
-        pads = _per_dim(padding, spatial_dims)
+        kernel = per_dim(kernel_size, spatial_dims)
+        strides = per_dim(stride, spatial_dims) if stride else kernel
+        pads = per_dim(padding, spatial_dims)
         sizes = list(x.shape[-spatial_dims:])
         if not all(isinstance(v, int) for v in sizes):
             return NotImplemented  # symbolic sizes: the op itself
-        outputs = [_pooled_size(n, k, s, p, ceil_mode) for n, k, s, p in zip(sizes, kernel, strides, pads)]
+        outputs = [pooled_size(n, k, s, p, ceil_mode=ceil_mode) for n, k, s, p in zip(sizes, kernel, strides, pads)]
         extra = [max(0, (o - 1) * s + k - (n + 2 * p)) for o, n, k, s, p in zip(outputs, sizes, kernel, strides, pads)]
         excludes_padding = not count_include_pad and any(pads)
         if divisor_override is None and not excludes_padding and not any(extra):
             return NotImplemented  # every window divides by its full size: the op itself
         window = math.prod(kernel)
         compute = torch.float32 if x.dtype in _HALF else x.dtype
-        padded = _pad(x.to(compute), [(p, p + e) for p, e in zip(pads, extra)])
+        padded = pad_spatial(x.to(compute), pads, [p + e for p, e in zip(pads, extra)])
         sums = pool(padded, kernel, strides, [0] * spatial_dims, False, True) * window
         if divisor_override is not None:
             return (sums / divisor_override).to(x.dtype)
         plane = torch.ones((1,) * (x.dim() - spatial_dims) + tuple(sizes), dtype=compute, device=x.device)
         if count_include_pad:  # the padding counts, what the last ceil window adds past it does not
-            counted = _pad(_pad(plane, [(p, p) for p in pads], value=1.0), [(0, e) for e in extra])
+            counted = pad_spatial(pad_spatial(plane, pads, pads, value=1.0), [0] * spatial_dims, extra)
         else:
-            counted = _pad(plane, [(p, p + e) for p, e in zip(pads, extra)])
+            counted = pad_spatial(plane, pads, [p + e for p, e in zip(pads, extra)])
         counts = pool(counted, kernel, strides, [0] * spatial_dims, False, True) * window
         return (sums / counts).to(x.dtype)
 
     return decomposition
-
-
-def _pad(x: torch.Tensor, low_high: Sequence[tuple[int, int]], value: float = 0.0) -> torch.Tensor:
-    """``x`` padded on its trailing dims by ``(low, high)`` each, with ``value``."""
-    flat = [amount for low, high in reversed(low_high) for amount in (low, high)]
-    return aten.constant_pad_nd.default(x, flat, value) if any(flat) else x
-
-
-def _pooled_size(size: int, kernel: int, stride: int, padding: int, ceil_mode: bool) -> int:
-    """Eager's output size: with ``ceil_mode`` the last window may run past the
-    padded input but must start inside the input or its left padding."""
-    span = size + 2 * padding - kernel
-    windows = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if ceil_mode and (windows - 1) * stride >= size + padding:
-        windows -= 1
-    return windows
-
-
-def _per_dim(value, dims: int) -> list[int]:
-    values = [value] if isinstance(value, int) else list(value)
-    return values * dims if len(values) == 1 else values
 
 
 AVG_POOL_DECOMPOSITIONS: dict = {

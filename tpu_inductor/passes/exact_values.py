@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from tpu_inductor.passes.window_arguments import per_dim, pooled_size
+
 aten = torch.ops.aten
 
 _REDUCED_FLOATS = (torch.bfloat16, torch.float16)
@@ -25,23 +27,6 @@ _EIGHT_BIT_INTEGERS = (torch.uint8, torch.int8)
 
 
 # -- max pooling with ceil_mode ------------------------------------------------
-
-
-def _per_dim(value, dims: int) -> list:
-    """A pooling argument (an int, or a list of one or ``dims`` ints) as ``dims`` ints."""
-    if isinstance(value, (list, tuple)):
-        return list(value) * dims if len(value) == 1 else list(value)
-    return [value] * dims
-
-
-def _pooled_size(size, kernel, stride, padding, dilation):
-    """Eager's ``ceil_mode=True`` output size: the last window may run past the
-    padded input, but must start inside the input or its left padding."""
-    span = dilation * (kernel - 1) + 1
-    windows = -(-(size + 2 * padding - span) // stride) + 1
-    if (windows - 1) * stride >= size + padding:
-        windows -= 1
-    return windows
 
 
 def _pad_dim(x, dim: int, low, high, value):
@@ -115,12 +100,12 @@ def _max_pool_exact_windows(op, dims: int, lowering=None):
         if x.dtype in _EIGHT_BIT_INTEGERS:
             values, indices = op(x.to(torch.int32), kernel_size, stride, padding, dilation, ceil_mode)
             return values.to(x.dtype), indices
-        kernel = _per_dim(kernel_size, dims)
-        strides = _per_dim(stride, dims) if stride else kernel
-        pads, dilations = _per_dim(padding, dims), _per_dim(dilation, dims)
+        kernel = per_dim(kernel_size, dims)
+        strides = per_dim(stride, dims) if stride else kernel
+        pads, dilations = per_dim(padding, dims), per_dim(dilation, dims)
         sizes = list(x.shape[-dims:])
         if ceil_mode:
-            outs = [_pooled_size(*args) for args in zip(sizes, kernel, strides, pads, dilations)]
+            outs = [pooled_size(*args, ceil_mode=True) for args in zip(sizes, kernel, strides, pads, dilations)]
             highs = [
                 (o - 1) * s + d * (k - 1) + 1 - n - p
                 for o, s, d, k, n, p in zip(outs, strides, dilations, kernel, sizes, pads)

@@ -17,15 +17,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from tpu_inductor.passes.convolution_backward import output_gradient_windows, pad_spatial, tap_slice
+from tpu_inductor.passes.window_arguments import per_dim
 
 aten = torch.ops.aten
-
-
-def _per_dim(values: Sequence[int], dims: int, default: Sequence[int]) -> list[int]:
-    """A pooling argument as one int per spatial dim: ``[k]`` means ``[k] * dims``, ``[]`` means ``default``."""
-    if len(values) == 0:
-        return list(default)
-    return list(values) * dims if len(values) == 1 else list(values)
 
 
 def _window_counts(
@@ -74,9 +68,9 @@ def _avg_pool_backward(spatial_dims: int) -> Callable:
         unbatched = input.dim() == spatial_dims + 1
         if unbatched:
             grad_output, input = grad_output.unsqueeze(0), input.unsqueeze(0)
-        kernel = _per_dim(kernel_size, spatial_dims, ())
-        step = _per_dim(stride, spatial_dims, kernel)
-        pad = _per_dim(padding, spatial_dims, [0] * spatial_dims)
+        kernel = per_dim(kernel_size, spatial_dims, ())
+        step = per_dim(stride, spatial_dims, kernel)
+        pad = per_dim(padding, spatial_dims, [0] * spatial_dims)
         in_size, out_size = list(input.shape[2:]), list(grad_output.shape[2:])
         dtype = torch.promote_types(grad_output.dtype, torch.float32)
         if divisor_override:
