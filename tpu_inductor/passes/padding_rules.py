@@ -493,11 +493,7 @@ def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, 
         source_k = k if target is aten.cat.default or k < d else k - 1
         dims = [layout[source_k] for layout in layouts if len(layout) > source_k]
         dims = [x for x in dims if x != _ONE] or [_ONE]
-        if all(x == dims[0] for x in dims):
-            result.append(dims[0])
-        else:
-            a.mark(_free(f for x in dims for f in x), "concatenates differently laid out dims")
-            result.append(a.dim_from_size(out.shape[k]))
+        result.append(a.agreed_dim(dims, "concatenates differently laid out dims", out.shape[k]))
     a.layouts[node] = tuple(result)
     return ()
 

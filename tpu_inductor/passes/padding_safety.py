@@ -190,6 +190,13 @@ class _Analyzer:
             self.mark(expr.free_symbols, f"makes a dim of size {expr}")
         return (expr,)
 
+    def agreed_dim(self, dims: Sequence[Dim], why: str, size: Any) -> Dim:
+        """The layout every one of ``dims`` has, or else a fresh dim of ``size``
+        with the symbols of them all marked unsafe for ``why``."""
+        if all(d == dims[0] for d in dims):
+            return dims[0]
+        self.mark(_free(f for d in dims for f in d), why)
+        return self.dim_from_size(size)
     def _plain(self, shape: Sequence[Any]) -> Layout:
         return tuple(self.dim_from_size(s) for s in shape)
 
@@ -331,11 +338,8 @@ class _Analyzer:
                     candidates.append(arg_layout[index])
             if not candidates:
                 layout.append(self.dim_from_size(val.shape[k]))
-            elif all(c == candidates[0] for c in candidates):
-                layout.append(candidates[0])
             else:
-                self.mark(_free(f for c in candidates for f in c), "combines differently laid out dims")
-                layout.append(self.dim_from_size(val.shape[k]))
+                layout.append(self.agreed_dim(candidates, "combines differently laid out dims", val.shape[k]))
         self.layouts[node] = tuple(layout)
 
 
