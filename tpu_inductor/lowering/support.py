@@ -341,6 +341,8 @@ class SupportTable:
 
     def needs_recheck(self, node: torch.fx.Node) -> bool:
         """A failure another process learned for this call, not yet seen here twice."""
+        if not self._learned:  # the usual case: no signature to build, per node per compile
+            return False
         signature = self.signature(node)
         entry = self._learned.get(signature)
         return entry is not None and not entry["confirmed"] and signature not in self._checked
@@ -425,6 +427,8 @@ class SupportTable:
             return hazard
         if key in EAGER_ONLY or _draws_random_numbers(node):
             return "random op: runs in eager to use torch's generator"
+        if not self._learned:
+            return None
         entry = self._learned.get(self.signature(node))
         return entry["reason"] if entry is not None else None
 

@@ -127,6 +127,9 @@ class PersistedDict:
     def items(self) -> dict[str, Any]:
         return dict(self._entries)
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def _save(self) -> None:
         if self._path is None:
             return
