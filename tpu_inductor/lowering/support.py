@@ -449,9 +449,6 @@ class GraphSupport:
         self.local: dict[torch.fx.Node, str] = {}
         self._ties_follow_eager = platform_name == "cpu"
 
-    def signature(self, node: torch.fx.Node) -> str:
-        return self.base.signature(node)
-
     def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
         return (
             self.base.unsupported_reason(node)

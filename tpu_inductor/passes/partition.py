@@ -320,15 +320,6 @@ def fuse_islands(
     return fused
 
 
-def node_for_failed_op(island: Island, op: str) -> Optional[torch.fx.Node]:
-    from tpu_inductor.lowering.support import op_key
-
-    for node in island.nodes:
-        if node.op == "call_function" and op_key(node.target) == op:
-            return node
-    return None
-
-
 def settle_eager(plan: PartitionPlan, strict: bool, record: "report.GraphRecord") -> None:
     """Accept the compute ops left to eager: record each as a fallback, or,
     under ``strict``, refuse them all in one error naming each op and line."""
