@@ -48,7 +48,8 @@ def find_culprits(island: Island, error: Exception, signature: Callable[[torch.f
     suspects = [n for n in calls if op_key(n.target) in named] or calls
     proven = _fail_alone(island, suspects, signature, lowers)
     if not proven and len(suspects) < len(calls):
-        proven = _fail_alone(island, [n for n in calls if n not in suspects], signature, lowers)
+        named_nodes = set(suspects)
+        proven = _fail_alone(island, [n for n in calls if n not in named_nodes], signature, lowers)
     if proven:
         return Diagnosis(proven=proven, together=[])
     run = _smallest_failing_run(island, [n for n in island.nodes if _is_compute_call(n)], lowers)
