@@ -382,9 +382,9 @@ def results_table(summary: dict, meta: dict) -> str:
 
 
 def write_docs(table: str) -> None:
-    text = RESULTS_PAGE.read_text()
-    start, end = text.index(MARK_START) + len(MARK_START), text.index(MARK_END)
-    RESULTS_PAGE.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+    from benchmarks.sweep_common import replace_between_markers
+
+    replace_between_markers(RESULTS_PAGE, (MARK_START, MARK_END), table)
 
 
 def _tasks(args: argparse.Namespace) -> list[tuple[str, str, str]]:

@@ -845,10 +845,9 @@ def report_text(report: Mapping[str, Any]) -> str:
 
 def write_docs(text: str, page: Path = RESULTS_PAGE) -> None:
     """Replace what lies between the perf-table markers with ``text``."""
-    content = page.read_text()
-    start, end = content.index(MARKERS[0]), content.index(MARKERS[1])
-    content = content[: start + len(MARKERS[0])] + "\n" + text + "\n" + content[end:]
-    page.write_text(content)
+    from benchmarks.sweep_common import replace_between_markers
+
+    replace_between_markers(page, MARKERS, text)
 
 
 def versions() -> dict[str, str]:
@@ -963,4 +962,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     sys.exit(main(sys.argv[1:]))

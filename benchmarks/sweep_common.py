@@ -218,6 +218,13 @@ def finish(path: Path, meta: dict, summary: dict, records_key: str, records: Any
     print(f"\n{counted} in {meta['seconds']:.0f} s; wrote {path}")
 
 
+def replace_between_markers(page: Path, markers: tuple[str, str], text: str) -> None:
+    """Put ``text`` between a page's two marker comments (a generated table)."""
+    content = page.read_text()
+    start, end = content.index(markers[0]) + len(markers[0]), content.index(markers[1])
+    page.write_text(content[:start] + "\n" + text + "\n" + content[end:])
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")

@@ -92,8 +92,18 @@ Q = torch.randn(2, 3, 5, 4)
         (_causal, (Q, Q.clone(), Q.clone()), [(0, 0), (0, 1), (0, 2)]),
         (_embed, (torch.randint(0, 11, (2, 5)), torch.randn(11, 4)), [(0, 0), (0, 1), (1, 1)]),
         (lambda x: x.unsqueeze(0).expand(3, -1, -1).permute(2, 0, 1) * 2, (torch.randn(5, 7),), [(0, 0), (0, 1)]),
+        # A prefix scan reads positions 0..j only: padding after them never reaches them.
+        (lambda x: x.cumsum(0) * 2, (torch.randn(5, 7),), [(0, 0)]),
+        # Padded keys are hidden by the real key length, causal or not (passes/attention.py).
+        (_bidirectional, (Q, Q.clone(), Q.clone()), [(0, 2)]),
+        # Read at the real end / put at the real offset (passes/padded_positions.py).
+        (lambda x: x[-1] * 2, (torch.randn(5, 7),), [(0, 0)]),
+        (lambda x: x[-2:] * 2, (torch.randn(5, 7),), [(0, 0)]),
+        (lambda x: torch.cat([x, x]) * 2, (torch.randn(5, 7),), [(0, 0)]),
+        (lambda x: x[1:] * 2, (torch.randn(5, 7),), [(0, 0)]),
     ],
-    ids=["mlp-batch", "view-merge-split", "causal-attention-seq", "embedding-lookup", "expand-permute"],
+    ids=["mlp-batch", "view-merge-split", "causal-attention-seq", "embedding-lookup", "expand-permute",
+         "cumsum", "non-causal-attention", "select-last", "slice-last-two", "cat", "slice-from-one"],
 )
 def test_analysis_proves_position_preserving_dims_safe(fn, inputs, safe):
     found = verdicts(fn, *inputs)
@@ -108,17 +118,15 @@ def test_analysis_proves_position_preserving_dims_safe(fn, inputs, safe):
         (lambda x: x.mean(0) + 1, (torch.randn(5, 7),), (0, 0), "reduces over it"),
         (lambda x: x.softmax(0), (torch.randn(5, 7),), (0, 0), "normalises over it"),
         (lambda x: F.layer_norm(x, x.shape[-1:]), (torch.randn(5, 7),), (0, 1), "over it"),
-        (lambda x: x.cumsum(0) * 2, (torch.randn(5, 7),), (0, 0), "scans along it"),
-        (_bidirectional, (Q, Q.clone(), Q.clone()), (0, 2), "without a causal mask"),
         (lambda x, w: x @ w, (torch.randn(5, 7), torch.randn(7, 3)), (0, 1), "contracts over it"),
-        (lambda x: x * x.shape[0], (torch.randn(5, 7),), (0, 0), "as a value"),
-        (lambda x: x[-1] * 2, (torch.randn(5, 7),), (0, 0), "picks one position"),
-        (lambda x: torch.cat([x, x]) * 2, (torch.randn(5, 7),), (0, 0), "concatenates along it"),
         (lambda x: x.flip(0) * 2, (torch.randn(5, 7),), (0, 0), "reverses it"),
         (lambda x: x.sort(0).values, (torch.randn(5, 7),), (0, 0), "sorts along it"),
+        (lambda x: x[::2] * 2, (torch.randn(5, 7),), (0, 0), "slices it"),
+        (lambda x: F.pad(x, (0, 0, 0, 1)) * 2, (torch.randn(5, 7),), (0, 0), "no padding rule"),
+        (lambda x: torch.cat([x.view(-1), x.view(-1)]) * 2, (torch.randn(5, 7),), (0, 0), "merge"),
     ],
-    ids=["sum", "mean", "softmax", "layer_norm", "cumsum", "non-causal-attention", "matmul-k",
-         "size-as-value", "select-last", "cat", "flip", "sort"],
+    ids=["sum", "mean", "softmax", "layer_norm", "matmul-k", "flip", "sort", "strided-slice",
+         "pad-at-end", "cat-of-merged-dims"],
 )
 def test_analysis_rejects_dims_where_positions_mix(fn, inputs, key, reason):
     found = verdicts(fn, *inputs)
@@ -216,17 +224,18 @@ def test_attention_with_a_mask_argument_under_dynamic_shapes():
         torch.testing.assert_close(fn(x, mask), attend(x, mask), **MODEL_TOL)
 
 
-def test_non_causal_attention_compiles_at_exact_lengths():
+def test_non_causal_attention_is_padded_with_the_keys_past_the_real_length_hidden():
     def attend(x):
-        return F.scaled_dot_product_attention(x, x, x) + 1
+        return F.scaled_dot_product_attention(x, x, torch.log(x.abs() + 0.5)) + 1
 
     fn = compiled(attend)
-    for length in (4, 6, 9):
+    for length in (4, 6, 9, 11):
         x = torch.randn(1, 2, length, 8)
         torch.testing.assert_close(fn(x), attend(x), **MODEL_TOL)
     (dynamic,) = dynamic_records()
-    assert "without a causal mask" in next(iter(dynamic.exact.values()))
-    assert all(r.bucket == r.sizes for r in report.current().recompiles)
+    assert dynamic.padded and not dynamic.exact
+    assert any(r.bucket != r.sizes for r in report.current().recompiles)
+    assert dynamic.eager_calls == 0 and dynamic.device_calls == 3  # the first call ran the static graph
 
 
 @pytest.mark.parametrize("mode", ["dynamic=True", "mark_dynamic"])
@@ -269,8 +278,22 @@ def test_symint_arguments_become_constants_per_bucket():
         x = torch.randn(rows, 3)
         torch.testing.assert_close(fn(x, n), f(x, n))
     (dynamic,) = dynamic_records()
-    assert any("as a value" in why for why in dynamic.exact.values())  # n is used as a number
+    assert any("reduces over it" in why for why in dynamic.exact.values())  # n sizes the arange summed
     assert "L['x'].size()[0]" in dynamic.padded.values()
+
+
+def test_a_size_used_as_a_number_is_read_at_its_real_value():
+    """``x * x.shape[0]`` with the dim padded: the bucket's size must not leak in."""
+
+    def f(x):
+        return x * x.shape[0] + x.shape[0]
+
+    fn = compiled(f, dynamic=True)
+    for rows in (3, 5, 6, 7):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(fn(x), f(x))
+    assert all(d.padded and not d.exact for d in dynamic_records())
+    assert any(r.bucket != r.sizes for r in report.current().recompiles)
 
 
 def test_output_shapes_that_depend_on_symbols():
@@ -385,3 +408,100 @@ def test_dynamic_ceil_mode_average_pool_runs_eagerly_with_its_reason():
         x = torch.randn(batch, 4, 10, 10)
         torch.testing.assert_close(compiled(x), fn(x))
     assert [f.op for f in report.current().fallbacks()] == ["aten.avg_pool2d.default"]
+
+
+# --- ops that address a padded dim from its end (passes/padded_positions.py) -------
+
+
+def _assert_padded_and_equal(fn, make_inputs, sizes, padded="", **tolerance):
+    """``fn`` compiled with every dim dynamic matches eager at each size, and
+    the dims whose source names ``padded`` (every dim, when empty) are padded."""
+    compiled_fn = compiled(fn, dynamic=True)
+    for size in sizes:
+        inputs = make_inputs(size)
+        got, expected = compiled_fn(*inputs), fn(*inputs)
+        torch.testing.assert_close(got, expected, **tolerance)
+    records = dynamic_records()
+    for d in records:
+        if padded:
+            assert padded in d.padded.values(), (d.padded, d.exact)
+        else:
+            assert d.padded and not d.exact, (d.padded, d.exact)
+    assert any(r.bucket != r.sizes for r in report.current().recompiles)  # really padded
+    assert all(d.eager_calls == 0 for d in records)
+
+
+def test_a_cache_grown_by_cat_attends_at_its_real_length():
+    """A decode step: the new key is written at the cache's real length, padded
+    keys are hidden, and the grown cache comes back at its real size."""
+
+    def step(q, cache_k, cache_v, k, v):
+        keys, values = torch.cat([cache_k, k], -2), torch.cat([cache_v, v], -2)
+        return F.scaled_dot_product_attention(q, keys, values), keys, values
+
+    def inputs(length):
+        return (torch.randn(1, 2, 1, 8), torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8),
+                torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+
+    # (The head dim, contracted, stays exact.)
+    _assert_padded_and_equal(step, inputs, (5, 6, 9, 13), padded="L['cache_k'].size()[2]", **MODEL_TOL)
+
+
+def test_the_last_positions_are_read_at_the_real_end():
+    def last(x):
+        return x[:, -1:] * 2, x[:, -3:].sum(1), x[:, -1] + 1
+
+    _assert_padded_and_equal(last, lambda n: (torch.randn(2, n, 4),), (5, 6, 11))
+
+
+def test_a_count_from_a_size_starts_at_its_real_value():
+    def positions(x):
+        start = x.shape[0]
+        return torch.arange(start, start + 3) * 1.5, x * 2
+
+    _assert_padded_and_equal(positions, lambda n: (torch.ones(n),), (3, 5, 6))
+
+
+def test_padded_rows_of_a_cache_write_never_land_at_a_wrong_position():
+    """``cache.index_copy_(1, positions, rows)`` with the rows padded: a padded
+    row (index 0 after zero padding) would overwrite position 0."""
+
+    def write(cache, rows, offset):
+        positions = torch.arange(rows.shape[0]) + offset
+        return cache.index_copy(1, positions, rows.t()), cache.index_add(1, positions, rows.t())
+
+    def inputs(length):
+        return torch.randn(3, 40), torch.randn(length, 3) + 5, torch.tensor(4)
+
+    _assert_padded_and_equal(write, inputs, (5, 6, 11))
+
+
+def test_a_whole_symbolic_dim_assigned_in_place_lowers():
+    """``y[:] = x`` on a symbolic dim is ``slice_scatter`` to Python's open end,
+    which made torch-mlir's symbolic lowering throw std::bad_alloc."""
+
+    def assign(x):
+        y = torch.zeros_like(x)
+        y[:] = x * 2
+        return y + 1
+
+    fn = compiled(assign, dynamic=True)
+    for rows in (3, 5, 6):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(fn(x), assign(x))
+    assert not report.current().fallbacks()
+
+
+def test_related_sizes_are_raised_to_buckets_that_keep_their_guards():
+    """A mask at least as long as a cache plus a window (s1 >= s0 + 8): the
+    buckets 16 and 16 break it, so one of them is raised a step."""
+    import sympy
+    from types import SimpleNamespace
+
+    from tpu_inductor.dynamic.buckets import choose_buckets
+
+    s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
+    env = SimpleNamespace(guards=[SimpleNamespace(expr=sympy.Ge(s1, s0 + 8))], var_to_range={})
+    chosen = choose_buckets({s0: 9, s1: 17}, frozenset({s0, s1}), {}, BucketPolicy(), env)
+    assert chosen == {s0: 16, s1: 32}
+    assert chosen[s1] >= chosen[s0] + 8

@@ -157,28 +157,3 @@ def test_causal_lm_train_step_matches_eager(model_type: str, tmp_path) -> None:
     problems = compare({"loss": eager_loss, **eager_grads}, {"loss": loss, **grads}, **TOLERANCE)
     assert not problems, problems
     _assert_backend(*TRAIN[model_type])
-
-
-def test_generate_through_transformers_own_compile_config():
-    """transformers compiles the decode step itself with ``CompileConfig``,
-    whose default ``mode="reduce-overhead"`` our backend once refused
-    (``unexpected keyword argument 'mode'``). Greedy tokens equal eager's and
-    the compiled decode step runs fully lowered."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.generation.configuration_utils import CompileConfig
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-    )
-    model = LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 128, (1, 7))
-    expected = model.generate(ids, max_new_tokens=8, do_sample=False)
-    compile_config = CompileConfig(backend="tpu")
-    compile_config._compile_all_devices = True  # transformers compiles CPU models only when asked
-    tokens = model.generate(
-        ids, max_new_tokens=8, do_sample=False, cache_implementation="static", compile_config=compile_config
-    )
-    assert torch.equal(tokens, expected)
-    assert report.current().graphs and report.current().fallbacks() == []

@@ -34,8 +34,10 @@ from tpu_inductor.lowering.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
+from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.passes.partition import Island, PartitionPlan, propose_islands
+from tpu_inductor.passes.real_lengths import RealLengths
 from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
 from tpu_inductor.reporting import hooks
 
@@ -50,8 +52,12 @@ class GraphFacts:
     platform: str
     analysis: Optional[PaddingAnalysis] = None
     """Which symbols padding may change (symbolic graphs; set by ``padding_safety``)."""
-    length_symbols: list[sympy.Symbol] = dataclasses.field(default_factory=list)
-    """Symbols whose real length attention now takes as trailing inputs."""
+    real_lengths: Optional[RealLengths] = None
+    """The graph's ``valid_<size>`` inputs: real sizes the padded graph reads at run time."""
+
+    @property
+    def real_length_exprs(self) -> list[sympy.Expr]:
+        return self.real_lengths.exprs if self.real_lengths is not None else []
 
     @property
     def padded(self) -> frozenset:
@@ -78,9 +84,18 @@ def _padding_safety(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.Gra
     return gm
 
 
+def _lengths(gm: torch.fx.GraphModule, facts: GraphFacts) -> RealLengths:
+    if facts.real_lengths is None:
+        facts.real_lengths = RealLengths(gm)
+    return facts.real_lengths
+
+
+def _padded_positions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return padded_positions(gm, facts.padded, _lengths(gm, facts))
+
+
 def _attention(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
-    gm, facts.length_symbols = decompose_attention(gm, facts.padded)
-    return gm
+    return decompose_attention(gm, facts.padded, _lengths(gm, facts))
 
 
 def _hoist_sizes(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
@@ -109,6 +124,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("rewrites", _rewrites),
     # Before attention, which it needs whole to see is_causal.
     Stage("padding_safety", _padding_safety, _only_symbolic("static shapes: nothing is padded")),
+    # Right after the analysis, which accepts these ops because of this rewrite.
+    Stage("padded_positions", _padded_positions, _only_symbolic("static shapes: nothing is padded")),
     Stage("attention", _attention),
     Stage("hoist_sizes", _hoist_sizes, _only_symbolic("static shapes: every size is a constant")),
     Stage("small_convolutions_as_matmuls", _small_convolutions, _static_cpu),

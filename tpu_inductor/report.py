@@ -346,6 +346,10 @@ class DynamicGraphRecord:
     """Symbol -> why it compiles at exact size (the op that mixes positions)."""
     lowerings: int = 0
     """torch-mlir lowerings of this graph's islands (symbolic, so once each)."""
+    device_calls: int = 0
+    """Calls that ran on the device (their bucket's executables)."""
+    eager_calls: int = 0
+    """Calls that ran in eager PyTorch (past the recompile budget, or a bucket XLA refused)."""
 
 
 @dataclasses.dataclass

@@ -59,13 +59,37 @@ def choose_buckets(
     shape_env,
 ) -> dict[sympy.Symbol, int]:
     """Padded values for ``sizes``: bucketed where safe, exact elsewhere."""
-    padded = {
-        s: policy.bucket(v, _upper_bound(s, upper_bounds, shape_env)) if s in safe else v
-        for s, v in sizes.items()
-    }
-    if padded != dict(sizes) and not satisfies_guards(padded, shape_env):
-        return dict(sizes)
-    return padded
+    bounds = {s: _upper_bound(s, upper_bounds, shape_env) for s in sizes}
+    padded = {s: policy.bucket(v, bounds[s]) if s in safe else v for s, v in sizes.items()}
+    if padded == dict(sizes) or satisfies_guards(padded, shape_env):
+        return padded
+    # Related sizes (a mask at least as long as the cache it covers: s1 >= s0 + 8)
+    # may need a bigger bucket than each alone: raise some buckets a step.
+    frontier = [padded]
+    seen = {tuple(sorted(padded.items(), key=str))}
+    for _ in range(_MAX_RAISES):
+        raised = []
+        for candidate in frontier:
+            for symbol in sorted(safe & candidate.keys(), key=str):
+                bigger = policy.bucket(candidate[symbol] + 1, bounds[symbol])
+                if bigger <= candidate[symbol]:
+                    continue
+                option = {**candidate, symbol: bigger}
+                key = tuple(sorted(option.items(), key=str))
+                if key not in seen:
+                    seen.add(key)
+                    raised.append(option)
+        raised.sort(key=lambda option: sum(option.values()))
+        for option in raised:
+            if satisfies_guards(option, shape_env):
+                return option
+        frontier = raised[:_FRONTIER]
+    return dict(sizes)
+
+
+_MAX_RAISES = 3
+"""How many bucket steps above their own a set of related sizes may be raised."""
+_FRONTIER = 16
 
 
 def _upper_bound(symbol, upper_bounds: Mapping, shape_env) -> Optional[int]:

@@ -40,6 +40,7 @@ from tpu_inductor.dynamic.padding import ShapeBinding
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes.padding_safety import PaddingAnalysis
+from tpu_inductor.passes.real_lengths import real_values
 from tpu_inductor.passes.partition import Island, fuse_islands, settle_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
@@ -72,7 +73,7 @@ class DynamicShapeGraph:
         facts = GraphFacts(symbolic=True, platform=context.platform.name)
         gm = run_stages(gm, facts)
         self.analysis: PaddingAnalysis = facts.analysis
-        self._length_symbols: list[sympy.Symbol] = facts.length_symbols
+        self._real_lengths: list[sympy.Expr] = facts.real_length_exprs
         self.binding = ShapeBinding(placeholders, gm.graph.output_node().args[0], self.analysis.safe)
         self.symbols = self.binding.symbols
 
@@ -118,9 +119,11 @@ class DynamicShapeGraph:
         bucket = self._bucket(sizes)
         key = self._key(bucket)
         if key not in self._compiled and not self._specialise(key, bucket, sizes):
+            self.dynamic_record.eager_calls += 1
             return self._eager(*call_args)
+        self.dynamic_record.device_calls += 1
         padded = self.binding.pad(call_args, bucket)
-        padded += [torch.tensor(sizes[s], dtype=torch.int64) for s in self._length_symbols]
+        padded += real_values(self._real_lengths, sizes)
         self._state.key = key
         outputs = self.module.forward(*padded)  # without nn.Module's hook dispatch
         return self.binding.unpad(outputs, sizes, call_args)

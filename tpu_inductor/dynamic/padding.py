@@ -37,7 +37,7 @@ class ShapeBinding:
         self._dims: list[tuple[int, int, sympy.Symbol]] = []
         self._compound: list[tuple[int, int, sympy.Expr]] = []
         self._scalars: list[tuple[int, sympy.Expr]] = []
-        self._pad: dict[int, list[tuple[int, sympy.Symbol]]] = {}
+        self._pad: dict[int, list[tuple[int, sympy.Expr]]] = {}
         symbols: set = set()
         for index, node in enumerate(placeholders):
             val = node.meta.get("val")
@@ -51,11 +51,19 @@ class ShapeBinding:
                             self._pad.setdefault(index, []).append((dim, expr))
                     elif expr.free_symbols:
                         self._compound.append((index, dim, expr))
+                        if expr.free_symbols & padded:
+                            self._pad.setdefault(index, []).append((dim, expr))
             elif isinstance(val, _SYMBOLIC):
                 expr = expr_of(val)
                 symbols |= expr.free_symbols
                 self._scalars.append((index, expr))
         self.symbols: tuple[sympy.Symbol, ...] = tuple(sorted(symbols, key=str))
+        # Sizes returned as numbers: computed from the real sizes, never the bucket's.
+        self._numbers = {
+            i: expr_of(o.meta["val"])
+            for i, o in enumerate(outputs)
+            if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.SymInt)
+        }
         self._outputs: list[Optional[tuple[sympy.Expr, ...]]] = [
             tuple(expr_of(o.meta["val"].shape[d]) for d in range(o.meta["val"].dim()))
             if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)
@@ -105,7 +113,7 @@ class ShapeBinding:
         padded = list(args)
         for index, dims in self._pad.items():
             tensor = padded[index]
-            extra = {dim: bucket[s] - int(tensor.shape[dim]) for dim, s in dims}
+            extra = {dim: _at(size, bucket) - int(tensor.shape[dim]) for dim, size in dims}
             if any(extra.values()):
                 widths: list[int] = []
                 for dim in reversed(range(tensor.dim())):
@@ -124,6 +132,9 @@ class ShapeBinding:
         for index, arg_index in self._passthrough.items():
             result[index] = args[arg_index]
         substitution = {s: sympy.Integer(v) for s, v in sizes.items()}
+        for index, expr in self._numbers.items():
+            if index not in self._passthrough:
+                result[index] = int(expr.xreplace(substitution))
         for index, shape in enumerate(self._outputs):
             value = result[index]
             if shape is None or index in self._passthrough or not isinstance(value, torch.Tensor):
@@ -143,3 +154,7 @@ class ShapeBinding:
                     value = value.narrow(dim, 0, size)
             result[index] = value.contiguous()
         return result
+
+
+def _at(size: sympy.Expr, values: Mapping[sympy.Symbol, int]) -> int:
+    return int(size.xreplace({s: sympy.Integer(v) for s, v in values.items()}))

@@ -15,24 +15,26 @@ op itself, so this pass replaces it with plain ATen ops:
   (:func:`_build_attention`);
 * other attention whose key dim is not padded: PyTorch's own decomposition,
   traced with make_fx;
-* where the key dim is padded (a proven causal attention): causal attention that also
-  zeroes the value rows past the real length, which it reads from an extra
-  0-d int64 input ``valid_<symbol>`` (the real size, passed at run time). A
-  real query never weighs a padded key (its probability is exactly 0), and
-  with the value rows zeroed, ``0 * garbage`` cannot turn into NaN either,
-  whatever the padded positions hold; one executable serves every length in
-  the bucket.
+* where the key dim is padded (any attention: causal or not, masked or
+  not): attention that hides every key at or past the real length, on top
+  of the model's own mask, and zeroes the value rows there; it reads the
+  real length from an extra 0-d int64 input ``valid_<size>``
+  (passes/real_lengths.py). A real query never weighs a padded key (its
+  probability is exactly 0), and with the value rows zeroed, ``0 *
+  garbage`` cannot turn into NaN either, whatever the padded positions
+  hold; one executable serves every length in the bucket. This is what
+  makes a growing KV cache's length padding-safe.
 
 Before::
 
     attn = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
     out = attn[0]
 
-After (key dim ``s0`` padded)::
+After (key dim ``s0 + 1`` padded, a decode step over a KV cache)::
 
-    valid_s0 = placeholder()                      # appended input: the real s0
-    scores = bmm(q * c, k^T * c); scores = where(j <= i, scores, -inf)
-    out = bmm(softmax(scores), where(arange(S) < valid_s0, v, 0))
+    valid_s0_1 = placeholder()                    # appended input: the real s0 + 1
+    scores = bmm(q * c, k^T * c); scores = where(j < valid_s0_1, scores, -inf)
+    out = bmm(softmax(scores), where(arange(S) < valid_s0_1, v, 0))
 """
 
 from __future__ import annotations
@@ -40,12 +42,10 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
-import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_inductor.passes.causal_masks import causal_masks_as_is_causal
 from tpu_inductor.passes.decompositions import (
@@ -55,50 +55,52 @@ from tpu_inductor.passes.decompositions import (
     flash_attention_flags,
 )
 from tpu_inductor.passes.padding_safety import expr_of
+from tpu_inductor.passes.real_lengths import RealLengths
 from tpu_inductor.passes.repeated_kv_heads import read_kv_heads_in_place
-from tpu_inductor.passes.rewrite import GraphBuilder
+from tpu_inductor.passes.rewrite import GraphBuilder, inline_replacement, trace_replacement
 
 aten = torch.ops.aten
 
-VALID_LENGTH_PREFIX = "valid_"
-
-
 def decompose_attention(
-    gm: torch.fx.GraphModule, padded: frozenset
-) -> tuple[torch.fx.GraphModule, list[sympy.Symbol]]:
-    """Replace kept-whole attention; return ``gm`` and the symbols whose real
-    length it now takes as extra trailing inputs (in order)."""
+    gm: torch.fx.GraphModule, padded: frozenset, real_lengths: RealLengths
+) -> torch.fx.GraphModule:
+    """Replace kept-whole attention; where the key dim is padded, with one
+    that reads the real key length from ``real_lengths``' inputs."""
     gm = read_kv_heads_in_place(causal_masks_as_is_causal(gm))
     graph = gm.graph
     nodes = [n for n in graph.nodes if n.op == "call_function" and n.target in ATTENTION_OPS]
     if not nodes:
-        return gm, []
-    length_inputs: dict[sympy.Symbol, torch.fx.Node] = {}
+        return gm
     for node in nodes:
         query, key, value = (a.meta["val"] for a in node.args[:3])
         key_len = expr_of(key.shape[-2])
         if _built_directly(node):
             with graph.inserting_before(node):
                 _build_attention(GraphBuilder(graph, node))
-        elif isinstance(key_len, sympy.Symbol) and key_len in padded:
-            valid = _length_input(gm, length_inputs, key_len, query)
+        elif key_len.free_symbols & padded and node.target is CPU_FLASH_ATTENTION:
+            valid = real_lengths.node(key_len, query)
+            mask = node.kwargs.get("attn_mask")
+            _, is_causal = flash_attention_flags(node)
             scale = node.kwargs.get("scale")
-            replacement = _trace(
-                lambda q, k, v, n: _attention_masking_padded_keys(q, k, v, n, scale),
-                (query, key, value, valid.meta["val"]),
+            inputs = [*node.args[:3], valid] + ([mask] if mask is not None else [])
+            replacement = trace_replacement(
+                lambda q, k, v, n, *m: _attention_masking_padded_keys(
+                    q, k, v, n, m[0] if m else None, is_causal, scale
+                ),
+                tuple(x.meta["val"] for x in inputs),
             )
-            _inline(gm, node, replacement, [*node.args[:3], valid])
+            inline_replacement(gm, node, replacement, inputs)
         else:
             # Every tensor argument is a traced input: attn_mask too, not only q, k, v.
             inputs = list(node.all_input_nodes)
-            replacement = _trace(
+            replacement = trace_replacement(
                 functools.partial(_decomposed, node, inputs), tuple(n.meta["val"] for n in inputs)
             )
-            _inline(gm, node, replacement, inputs)
+            inline_replacement(gm, node, replacement, inputs)
     graph.eliminate_dead_code()  # the decompositions' unused second outputs
     graph.lint()
     gm.recompile()
-    return gm, list(length_inputs)
+    return gm
 
 
 def _built_directly(node: torch.fx.Node) -> bool:
@@ -218,12 +220,16 @@ def _decomposed(node: torch.fx.Node, inputs: list[torch.fx.Node], *tensors: torc
     return decomposition_table()[node.target](*args, **kwargs)
 
 
-def _attention_masking_padded_keys(q, k, v, valid_keys, scale: Optional[float]):
-    """Causal attention that ignores keys at or past ``valid_keys``.
+def _attention_masking_padded_keys(q, k, v, valid_keys, mask, is_causal: bool, scale: Optional[float]):
+    """Attention that ignores keys at or past ``valid_keys`` (the real key
+    length), causal or not, with or without the model's mask.
 
     Same arithmetic as PyTorch's math attention (both sides scaled by the
-    square root of the scale), with the output in the flash kernel's memory
-    layout so the graph's later views stay valid.
+    square root of the scale; a row the model's mask hides entirely gets
+    zeros, as PyTorch's safe softmax gives it), with the output in the flash
+    kernel's memory layout so the graph's later views stay valid. A real
+    query never weighs a padded key, whatever the mask holds there: the key
+    mask is applied on top of it.
     """
     head_dim = q.size(-1)
     if scale is not None:
@@ -236,78 +242,27 @@ def _attention_masking_padded_keys(q, k, v, valid_keys, scale: Optional[float]):
     # the query heads they serve: [B, Hk, g, L, D] against [B, Hk, 1, S, D].
     batch, heads, queries = q.shape[:3]
     key_heads = k.size(1)
-    grouped_q = q.reshape(batch, key_heads, heads // key_heads, queries, head_dim)
+    group = heads // key_heads
+    grouped_q = q.reshape(batch, key_heads, group, queries, head_dim)
     scores = (grouped_q * root) @ (k.unsqueeze(2).transpose(-2, -1) * root)
-    rows = torch.arange(queries, device=q.device).unsqueeze(-1)
-    cols = torch.arange(k.size(-2), device=q.device).unsqueeze(0)
-    scores = torch.where(cols <= rows, scores, float("-inf"))
+    cols = torch.arange(k.size(-2), device=q.device)
+    if mask is not None:
+        # [B', H', L', S'] broadcasting against [B, H, L, S] -> against [B, Hk, g, L, S].
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        mask_batch, mask_heads, mask_rows, mask_cols = mask.shape
+        split = (key_heads, group) if mask_heads != 1 else (1, 1)
+        mask = mask.reshape(mask_batch, *split, mask_rows, mask_cols)
+        if mask.dtype == torch.bool:
+            scores = torch.where(mask, scores, float("-inf"))
+        else:
+            scores = scores + mask
+    if is_causal:
+        rows = torch.arange(queries, device=q.device).unsqueeze(-1)
+        scores = torch.where(cols.unsqueeze(0) <= rows, scores, float("-inf"))
+    real_keys = cols < valid_keys
+    scores = torch.where(real_keys, scores, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    real_keys = (torch.arange(k.size(-2), device=q.device) < valid_keys).unsqueeze(-1)
-    out = (probs @ torch.where(real_keys, v, 0).unsqueeze(2)).reshape(batch, heads, queries, v.size(-1))
+    if mask is not None:  # rows the mask hides entirely: zeros, not NaN
+        probs = torch.where(scores.amax(-1, keepdim=True) == float("-inf"), 0.0, probs)
+    out = (probs @ torch.where(real_keys.unsqueeze(-1), v, 0).unsqueeze(2)).reshape(batch, heads, queries, v.size(-1))
     return out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3), probs.reshape(batch, heads, queries, -1)
-
-
-def _length_input(
-    gm: torch.fx.GraphModule,
-    inputs: dict[sympy.Symbol, torch.fx.Node],
-    symbol: sympy.Symbol,
-    like: torch.Tensor,
-) -> torch.fx.Node:
-    if symbol in inputs:
-        return inputs[symbol]
-    graph = gm.graph
-    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    with graph.inserting_after(list(inputs.values())[-1] if inputs else last):
-        node = graph.placeholder(f"{VALID_LENGTH_PREFIX}{symbol}")
-    with like.fake_mode:
-        node.meta["val"] = torch.empty((), dtype=torch.int64, device=like.device)
-    inputs[symbol] = node
-    return node
-
-
-def _trace(fn: Callable, fake_args: Sequence[Any]) -> torch.fx.GraphModule:
-    """``fn`` as an ATen graph over ``fake_args``, symbolic sizes kept as sym_size nodes,
-    through the same rewrites as the graph it is spliced into (it is traced
-    after them)."""
-    from tpu_inductor.passes import run_passes
-
-    fake_mode = next(a.fake_mode for a in fake_args if hasattr(a, "fake_mode"))
-    with fake_mode:
-        return run_passes(make_fx(fn, decomposition_table=decomposition_table())(*fake_args))
-
-
-def _inline(
-    gm: torch.fx.GraphModule,
-    node: torch.fx.Node,
-    replacement: torch.fx.GraphModule,
-    args: Sequence[torch.fx.Node],
-) -> None:
-    """Splice ``replacement`` in place of ``node`` (whose users are getitems)."""
-    graph = gm.graph
-    env: dict[torch.fx.Node, Any] = {}
-    placeholders = [n for n in replacement.graph.nodes if n.op == "placeholder"]
-    env.update(zip(placeholders, args))
-    outputs: Sequence[Any] = ()
-    with graph.inserting_before(node):
-        for sub in replacement.graph.nodes:
-            if sub.op == "placeholder":
-                continue
-            if sub.op == "output":
-                outputs = torch.fx.map_arg(sub.args[0], lambda x: env[x])
-                break
-            if sub.op == "get_attr":
-                name = f"_attention_constant_{len(gm.state_dict())}_{sub.target}"
-                setattr(gm, name, getattr(replacement, sub.target))
-                env[sub] = graph.get_attr(name)
-                env[sub].meta = dict(sub.meta)
-                continue
-            copied = graph.node_copy(sub, lambda x: env[x])
-            for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-                if key in node.meta:
-                    copied.meta[key] = node.meta[key]
-            env[sub] = copied
-    for user in list(node.users):
-        if user.target is operator.getitem:
-            user.replace_all_uses_with(outputs[user.args[1]])
-            graph.erase_node(user)
-    graph.erase_node(node)

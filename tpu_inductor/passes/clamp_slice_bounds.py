@@ -9,7 +9,8 @@ the dim (with Python's negative-index and empty-slice rules) the same op
 lowers and computes the same values.
 
 Before: ``slice_scatter(x, y, 1, 8, 9223372036854775807)``  (x: [2, 16])
-After:  ``slice_scatter(x, y, 1, 8, 16)``
+After:  ``slice_scatter(x, y, 1, 8, 16)``; along a symbolic dim, ``x[:] = y``
+becomes ``clone(y)`` and ``x[8:] = y`` ends at ``sym_size(x, 1)``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,34 @@ aten = torch.ops.aten
 
 def clamp_slice_bounds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     changed = False
-    for node in gm.graph.find_nodes(op="call_function", target=aten.slice_scatter.default):
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.slice_scatter.default)):
         base = node.args[0].meta.get("val")
         dim, start, end, step = _arguments(node)
         size = base.shape[dim] if isinstance(base, torch.Tensor) else None
+        if isinstance(size, torch.SymInt) and start == 0 and step == 1 and isinstance(end, int) and end >= _OPEN_END:
+            # The whole of a symbolic dim (a sliding-window cache's ``keys[:] = new``):
+            # the result is the source. Its symbolic lowering hit the same
+            # std::bad_alloc, and with the end at the dim's size torch-mlir has no
+            # lowering for a non-constant end.
+            with gm.graph.inserting_before(node):
+                whole = gm.graph.call_function(aten.clone.default, (node.args[1],))
+            whole.meta = dict(node.meta)
+            node.replace_all_uses_with(whole)
+            gm.graph.erase_node(node)
+            changed = True
+            continue
+        if isinstance(size, torch.SymInt) and isinstance(start, int) and start >= 0 and end >= _OPEN_END:
+            # A symbolic dim: end at its size, read off the base (as above, for
+            # the error it gives instead of a std::bad_alloc).
+            with gm.graph.inserting_before(node):
+                end_node = gm.graph.call_function(aten.sym_size.int, (node.args[0], dim))
+            end_node.meta["val"] = size
+            node.args = (node.args[0], node.args[1], dim, start, end_node, step)
+            node.kwargs = {}
+            changed = True
+            continue
         if not all(isinstance(v, int) for v in (size, start, end)):
-            continue  # symbolic: refinement fixes these once sizes are known
+            continue
         clamped = _clamp(start, size), _clamp(end, size)
         clamped = clamped[0], max(clamped)
         if clamped != (start, end):
@@ -37,6 +60,10 @@ def clamp_slice_bounds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     if changed:
         gm.recompile()
     return gm
+
+
+_OPEN_END = 2**62
+"""An end at least this large is Python's open end (``x[:, 8:]``)."""
 
 
 def _arguments(node: torch.fx.Node) -> tuple:

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
+from tpu_inductor.passes.padded_positions import concatenation_parts, counted_from, index_put_rows, realigned_read
 from tpu_inductor.passes.padding_safety import (
     _ONE,
     Dim,
@@ -89,11 +90,6 @@ _MIXES_ALONG: dict[Any, tuple[str, Optional[int], Any, str]] = {
     aten._safe_softmax.default: ("dim", 1, -1, "normalises over it"),
     aten._softmax_backward_data.default: ("dim", 2, -1, "normalises over it"),
     aten._log_softmax_backward_data.default: ("dim", 2, -1, "normalises over it"),
-    aten.cumsum.default: ("dim", 1, 0, "scans along it"),
-    aten.cumprod.default: ("dim", 1, 0, "scans along it"),
-    aten.logcumsumexp.default: ("dim", 1, 0, "scans along it"),
-    aten.cummax.default: ("dim", 1, 0, "scans along it"),
-    aten.cummin.default: ("dim", 1, 0, "scans along it"),
     aten.sort.default: ("dim", 1, -1, "sorts along it"),
     aten.sort.stable: ("dim", None, -1, "sorts along it"),
     aten.argsort.default: ("dim", 1, -1, "sorts along it"),
@@ -101,6 +97,17 @@ _MIXES_ALONG: dict[Any, tuple[str, Optional[int], Any, str]] = {
     aten.flip.default: ("dims", 1, (), "reverses it"),
     aten.roll.default: ("dims", 2, (), "rolls along it"),
 }
+# Scans: position j reads positions 0..j only, so padding after the real
+# positions never reaches them (positions from ``cumsum`` of a padding mask).
+_PREFIX_SCANS = frozenset(
+    {
+        aten.cumsum.default,
+        aten.cumprod.default,
+        aten.logcumsumexp.default,
+        aten.cummax.default,
+        aten.cummin.default,
+    }
+)
 # Convolutions and pooling keep batch (and for pooling, channel) positions
 # and mix the spatial ones: op -> number of leading dims kept.
 _WINDOWED = {
@@ -132,11 +139,12 @@ Rule = Callable[[_Analyzer, torch.fx.Node, Any], Optional[tuple[str, ...]]]
 
 
 def _rule_same_layout(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _SAME_LAYOUT:
+    if target not in _SAME_LAYOUT and target not in _PREFIX_SCANS:
         return None
     source = a.source_layout(node)
     if source is not None:
-        a.layouts[node] = source
+        val = node.meta["val"]
+        a.layouts[node] = [source for _ in val] if isinstance(val, (list, tuple)) else source
     return ()
 
 
@@ -243,7 +251,7 @@ def _rule_expand(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
     for k, size in enumerate(out):
         index = k - (len(out) - len(source))
         if index < 0 or (source[index] == _ONE and size != 1):
-            layout.append(a.dim_from_size(size))  # broadcast: every position a copy
+            layout.append(a.dim_from_size(size, prefix=True))  # broadcast: every position a copy
         else:
             layout.append(source[index])
     a.layouts[node] = tuple(layout)
@@ -390,11 +398,12 @@ def _rule_arange(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
         start = node.args[0]
         step = node.args[2] if target is aten.arange.start_step and len(node.args) > 2 else 1
     size = node.meta["val"].shape[0]
-    if isinstance(start, int) and start == 0 and isinstance(step, int) and step == 1:
-        # Position j holds j: the real prefix is the same at any padded length.
-        a.layouts[node] = (a.dim_from_size(size),)
-        return ("end",)
-    a.mark(expr_of(size).free_symbols, "counts with an offset or step along it")
+    if (isinstance(start, int) or counted_from(node) is not None) and step == 1:
+        # Position j holds start + j: the real prefix is the same at any padded
+        # length (a symbolic start is read at its real value: passes/padded_positions.py).
+        a.layouts[node] = (a.dim_from_size(size, prefix=True),)
+        return ("start", "end")
+    a.mark(expr_of(size).free_symbols, "counts with a step along it")
     a._set_plain(node)
     return ()
 
@@ -402,7 +411,9 @@ def _rule_arange(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
 def _rule_factory(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in _FACTORIES:
         return None
-    a._set_plain(node)  # a fill is the same at every position
+    val = node.meta["val"]
+    if isinstance(val, torch.Tensor):
+        a.layouts[node] = a._plain(val.shape, prefix=True)  # a fill is the same at every position
     return _FACTORIES[target]
 
 
@@ -422,12 +433,23 @@ def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
     if _equal(out_size, _product(in_dim)):
         a.layouts[node] = tuple(layout)  # the whole dim
         return ("end",)
-    prefix = start in (None, 0) and step == 1
-    if prefix and not _sym_syms(in_dim) and isinstance(out_size, sympy.Symbol):
+    if len(in_dim) == 1 and realigned_read(node) is not None:
+        # x[:, -k:] or x[:, i:i + k]: read at the real end (passes/padded_positions.py).
+        layout[d] = (out_size,)
+        a.layouts[node] = tuple(layout)
+        return ("start", "end")
+    if not _sym_syms(in_dim) and isinstance(out_size, sympy.Symbol) and start in (None, 0) and step == 1:
         # x[:, :s] of a static dim: position j is j; s must not outgrow the dim.
         limit = int(_product(in_dim))
         a.bounds[out_size] = min(a.bounds.get(out_size, limit), limit)
         layout[d] = (out_size,)
+        a.layouts[node] = tuple(layout)
+        return ("end",)
+    static_start = isinstance(start, (int, type(None))) and (start or 0) >= 0 and step == 1
+    if len(in_dim) == 1 and static_start and (_sym_syms(in_dim) or not out_size.free_symbols):
+        # A static start: output position j is input position start + j at any
+        # padded length, so the real positions stay a prefix (x[:, 1:], x[:, :-1]).
+        layout[d] = a.dim_from_size(out_size, prefix=True)
         a.layouts[node] = tuple(layout)
         return ("end",)
     a.mark(_sym_syms(in_dim) | out_size.free_symbols, "slices it")
@@ -443,9 +465,12 @@ def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
     if source is None:
         return ()
     d = _norm(node.args[1], len(source))
-    a.mark(_sym_syms(source[d]), "picks one position of it")
+    index = node.args[2]
+    # A static position, or one counted from the real end (passes/padded_positions.py).
+    if len(source[d]) != 1 or not (isinstance(index, int) or realigned_read(node) is not None):
+        a.mark(_sym_syms(source[d]), "picks one position of it")
     a.layouts[node] = source[:d] + source[d + 1:]
-    return ()
+    return ("index",)
 
 
 def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
@@ -472,20 +497,23 @@ def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
 def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     if target not in (aten.cat.default, aten.stack.default):
         return None
-    parts = [p for p in node.args[0] if isinstance(p, torch.fx.Node)]
+    out = node.meta["val"]
+    if target is aten.cat.default:
+        d, parts = concatenation_parts(node)
+    else:
+        d, parts = _norm(_arg(node, "dim", 1, 0), out.dim()), [p for p in node.args[0] if isinstance(p, torch.fx.Node)]
     layouts = [a.layout(p) for p in parts]
     if any(layout is None for layout in layouts) or not layouts:
         a._unknown(node)
         return ()
-    out = node.meta["val"]
-    d = _norm(_arg(node, "dim", 1, 0), out.dim())
     result = []
     for k in range(out.dim()):
         if target is aten.cat.default and k == d:
-            for layout in layouts:
-                if len(layout) == out.dim():
-                    a.mark(_sym_syms(layout[k]), "concatenates along it")
-            result.append(a.dim_from_size(out.shape[k]))
+            # Each part's real positions first, padding last: the parts are
+            # put at their real offsets (passes/padded_positions.py).
+            merged = [layout[k] for layout in layouts if len(layout[k]) > 1]
+            a.mark(_free(f for dim in merged for f in dim), "concatenates dims that merge it with others")
+            result.append(a.dim_from_size(out.shape[k], prefix=not merged))
             continue
         if target is aten.stack.default and k == d:
             result.append(a.dim_from_size(out.shape[k]))
@@ -511,17 +539,111 @@ def _rule_attention(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
         if not q[i] == k[i] == v[i]:
             a.mark(_sym_syms(q[i]) | _sym_syms(k[i]) | _sym_syms(v[i]), "pairs differently laid out heads")
     a.mark(_sym_syms(q[3]) | _sym_syms(k[3]), "contracts over it (attention scores)")
-    if k[2] != v[2]:
-        a.mark(_sym_syms(k[2]) | _sym_syms(v[2]), "pairs differently laid out keys and values")
+    # Padded keys are hidden from every query by the real key length
+    # (passes/attention.py), causal or not, whatever the mask holds there.
+    # Keys and values are one dim to attention: separately traced symbols
+    # (a KV cache's keys and values) have equal real lengths, or eager raises.
+    if len(k[2]) != 1 or len(v[2]) != 1:
+        a.mark(_sym_syms(k[2]) | _sym_syms(v[2]), "attends over keys merged with another dim")
     if dropout:
         a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "drops attention at random along it")
-    causal = is_causal and mask is None and q[2] == k[2]
     if any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users):
         # The decomposition that masks padded keys returns only the output.
         a.mark(_sym_syms(k[2]), "reads attention's logsumexp over it")
-    if not causal:
-        a.mark(_sym_syms(k[2]), "attends over it without a causal mask (every query reads every key)")
+    if mask is not None:
+        _check_attention_mask(a, a.layout(mask), q, k)
     a.layouts[node] = [(q[0], q[1], q[2], v[3]), (q[0], q[1], q[2])]
+    return ()
+
+
+def _check_attention_mask(a: _Analyzer, mask: Optional[Layout], q: Layout, k: Layout) -> None:
+    """The mask's dims must be the queries' and keys' (or broadcast)."""
+    if mask is None:
+        a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "masks attention with a tensor of unknown layout")
+        return
+    targets = ((q[0], q[1], q[2], k[2]))[4 - len(mask):]
+    for have, want in zip(mask, targets):
+        if have != _ONE and have != want:
+            a.mark(_sym_syms(have) | _sym_syms(want), "masks attention along a differently laid out dim")
+
+
+def _index_rows(a: _Analyzer, node: torch.fx.Node, indices: Sequence[Any]) -> Optional[Layout]:
+    """The broadcast layout of advanced-indexing tensors (None for a boolean
+    mask or an index without a layout)."""
+    tensors = [i for i in indices if isinstance(i, torch.fx.Node)]
+    layouts = [a.layout(i) for i in tensors]
+    if not tensors or any(layout is None for layout in layouts):
+        return None
+    if any(i.meta["val"].dtype == torch.bool for i in tensors):
+        return None
+    shape = torch.broadcast_shapes(*[i.meta["val"].shape for i in tensors])
+    rank = len(shape)
+    result = []
+    for k in range(rank):
+        dims = [layout[k - (rank - len(layout))] for layout in layouts if k - (rank - len(layout)) >= 0]
+        dims = [d for d in dims if d != _ONE] or [_ONE]
+        result.append(a.agreed_dim(dims, "indexes with differently laid out index tensors", shape[k]))
+    return tuple(result)
+
+
+def _rule_index(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    """``x[..., idx, ...]``: a gather. Indices are data: within the real
+    size (eager raises otherwise; passes/wrap_negative_indices.py counts a
+    negative one from the real end), so a padded source dim is only read at
+    real positions; the output's rows are the index tensors' positions."""
+    if target is not aten.index.Tensor:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    indices = list(node.args[1])
+    rows = _index_rows(a, node, indices)
+    if rows is None:
+        a._unknown(node)
+        return ()
+    positions = [k for k, i in enumerate(indices) if i is not None]
+    others = [d for k, d in enumerate(source) if k not in positions]
+    if positions == list(range(positions[0], positions[-1] + 1)):  # adjacent: rows go in their place
+        layout = tuple(others[: positions[0]]) + rows + tuple(others[positions[0]:])
+    else:  # PyTorch puts the rows first
+        layout = rows + tuple(others)
+    if len(layout) != node.meta["val"].dim():
+        a._unknown(node)
+        return ()
+    a.layouts[node] = layout
+    return ()
+
+
+def _rule_index_put(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    """``x[..., idx] = values``: positions of ``x`` are kept, and writes land
+    at data positions within the real size (as for a gather). Padded rows of
+    one 1-d index and its values write duplicates of the last real row (or
+    add zeros) instead: passes/padded_positions.py."""
+    if target not in (aten.index_put.default, aten._unsafe_index_put.default):
+        return None
+    source = a.source_layout(node)
+    values = a.layout(node.args[2])
+    if source is None or values is None:
+        a._unknown(node)
+        return ()
+    indices = list(node.args[1])
+    tensors = [i for i in indices if isinstance(i, torch.fx.Node)]
+    single = index_put_rows(node)
+    if single is None:
+        rows = _index_rows(a, node, indices)
+        if rows is None or _free(f for d in rows for f in d) or any(_sym_syms(d) for d in values):
+            a.mark(_free(f for d in (rows or ()) for f in d) | {s for d in values for s in _sym_syms(d)}
+                   | {s for i in tensors for d in (a.layout(i) or ()) for s in _sym_syms(d)},
+                   "writes rows sized by it at data positions")
+    else:
+        position, _ = single
+        index_dim = a.layout(tensors[0])[0]
+        offset = len(source) - len(values)
+        for k, dim in enumerate(values):
+            target_dim = index_dim if k + offset == position else source[k + offset]
+            if dim != _ONE and dim != target_dim:
+                a.mark(_sym_syms(dim) | _sym_syms(target_dim), "writes values laid out differently from their rows")
+    a.layouts[node] = source
     return ()
 
 
@@ -545,4 +667,6 @@ RULES: tuple[Rule, ...] = (
     _rule_split,
     _rule_cat,
     _rule_attention,
+    _rule_index,
+    _rule_index_put,
 )

@@ -47,6 +47,7 @@ import torch.fx
 
 from tpu_inductor.errors import user_source_line
 from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION
+from tpu_inductor.passes.real_lengths import is_extent
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -183,10 +184,14 @@ class _Analyzer:
             if symbol not in self.unsafe:
                 self.unsafe[symbol] = f"{op} {why}" + (f" ({where})" if where else "")
 
-    def dim_from_size(self, size: Any) -> Dim:
+    def dim_from_size(self, size: Any, prefix: bool = False) -> Dim:
+        """A fresh dim of ``size``. ``prefix``: the op keeps real positions
+        first and padding last along it (an input padded at the end, a fill,
+        ``arange``, a cache after ``cat``), so a compound size like
+        ``s0 + 1`` is an extent whose real part is a prefix."""
         expr = expr_of(size) if not isinstance(size, sympy.Basic) else size
-        if expr.free_symbols and not isinstance(expr, sympy.Symbol):
-            # A compound size (s0 + 1, 2*s0 from a cat...): positions are not tracked.
+        if expr.free_symbols and not isinstance(expr, sympy.Symbol) and not (prefix and is_extent(expr)):
+            # A compound size (2*s0 from a view...): positions are not tracked.
             self.mark(expr.free_symbols, f"makes a dim of size {expr}")
         return (expr,)
 
@@ -197,8 +202,8 @@ class _Analyzer:
             return dims[0]
         self.mark(_free(f for d in dims for f in d), why)
         return self.dim_from_size(size)
-    def _plain(self, shape: Sequence[Any]) -> Layout:
-        return tuple(self.dim_from_size(s) for s in shape)
+    def _plain(self, shape: Sequence[Any], prefix: bool = False) -> Layout:
+        return tuple(self.dim_from_size(s, prefix) for s in shape)
 
     def layout(self, node: Any) -> Optional[Layout]:
         found = self.layouts.get(node)
@@ -218,7 +223,8 @@ class _Analyzer:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             self.symbols |= _free(expr_of(s) for s in val.shape)
-            self.layouts[node] = self._plain(val.shape)
+            # Inputs are padded at the end of each padded dim (dynamic/padding.py).
+            self.layouts[node] = self._plain(val.shape, prefix=True)
             self.aliases_input.add(node)
         elif isinstance(val, _SYMBOLIC):
             self.symbols |= expr_of(val).free_symbols
@@ -231,9 +237,7 @@ class _Analyzer:
                 continue
             val = out.meta.get("val")
             if isinstance(val, _SYMBOLIC):
-                if out.op != "placeholder":  # an input returned as is stays exact
-                    self.mark(expr_of(val).free_symbols, "returns it as a number")
-                continue
+                continue  # a size returned as a number is computed from the real sizes (dynamic/padding.py)
             layout = self.layout(out)
             if layout is None:
                 continue
@@ -270,7 +274,9 @@ class _Analyzer:
 
     def _check_number_uses(self, node: torch.fx.Node, size_args: Iterable[str]) -> None:
         """A symbolic value used as anything but a size makes its symbols unsafe."""
-        allowed = set(size_args)
+        from tpu_inductor.passes.padded_positions import real_valued_arguments  # it imports this module
+
+        allowed = set(size_args) | set(real_valued_arguments(node))
         for name, value in _named_args(node).items():
             if name in allowed:
                 continue

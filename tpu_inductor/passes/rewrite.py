@@ -3,11 +3,13 @@ new calls with FakeTensor metadata in its place."""
 
 from __future__ import annotations
 
-from typing import Any
+import operator
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 
 def replace_with_call(
@@ -52,3 +54,55 @@ class GraphBuilder:
         """Let ``result`` stand where the anchor was, and drop the anchor."""
         self.anchor.replace_all_uses_with(result)
         self.graph.erase_node(self.anchor)
+
+
+def trace_replacement(fn: Callable, fake_args: Sequence[Any]) -> torch.fx.GraphModule:
+    """``fn`` as an ATen graph over ``fake_args``, symbolic sizes kept as sym_size nodes,
+    through the same rewrites as the graph it is spliced into (it is traced
+    after them)."""
+    from tpu_inductor.passes import run_passes
+    from tpu_inductor.passes.decompositions import decomposition_table
+
+    fake_mode = next(a.fake_mode for a in fake_args if hasattr(a, "fake_mode"))
+    with fake_mode:
+        return run_passes(make_fx(fn, decomposition_table=decomposition_table())(*fake_args))
+
+
+def inline_replacement(
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    replacement: torch.fx.GraphModule,
+    args: Sequence[torch.fx.Node],
+) -> None:
+    """Splice ``replacement`` in place of ``node``: a node with one output,
+    or one whose users are getitems of its outputs."""
+    graph = gm.graph
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = [n for n in replacement.graph.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, args))
+    outputs: Sequence[Any] = ()
+    with graph.inserting_before(node):
+        for sub in replacement.graph.nodes:
+            if sub.op == "placeholder":
+                continue
+            if sub.op == "output":
+                outputs = torch.fx.map_arg(sub.args[0], lambda x: env[x])
+                break
+            if sub.op == "get_attr":
+                name = f"_attention_constant_{len(gm.state_dict())}_{sub.target}"
+                setattr(gm, name, getattr(replacement, sub.target))
+                env[sub] = graph.get_attr(name)
+                env[sub].meta = dict(sub.meta)
+                continue
+            copied = graph.node_copy(sub, lambda x: env[x])
+            for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+                if key in node.meta:
+                    copied.meta[key] = node.meta[key]
+            env[sub] = copied
+    if isinstance(outputs, torch.fx.Node):
+        node.replace_all_uses_with(outputs)
+    for user in list(node.users):
+        if user.target is operator.getitem:
+            user.replace_all_uses_with(outputs[user.args[1]])
+            graph.erase_node(user)
+    graph.erase_node(node)

@@ -154,6 +154,16 @@ def summarize(report: record.Report) -> str:
                 for g in report.graphs
             ]
         )
+    if report.dynamic_graphs:
+        lines.append("Dynamic graphs (calls on the device / in eager, padded dims):")
+        lines += _cut(
+            [
+                f"  #{d.graph_id} {d.kind}: {d.device_calls} / {d.eager_calls}, "
+                f"padded {', '.join(d.padded.values()) or 'none'}"
+                + (f"; exact {', '.join(d.exact)}" if d.exact else "")
+                for d in report.dynamic_graphs
+            ]
+        )
     if report.repros:
         lines.append("Reproducers:")
         lines += _cut([f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.path}" for r in report.repros])

@@ -1,0 +1,315 @@
+"""Text generation under backend="tpu": compiles, eager steps, tokens, latency.
+
+Tiny random-weight configs of Llama, GPT-2, Gemma 3, Qwen 3 and Mistral
+(Gemma 3 and Mistral with sliding-window layers), built from configs with no
+download. For each architecture and way of generating:
+
+* ``dynamic``: ``generate()`` with transformers' default ``DynamicCache``
+  (``model.forward`` compiled);
+* ``static``: ``generate(cache_implementation="static")``;
+* ``compile_config``: transformers compiles the decode step itself
+  (``CompileConfig(backend=...)``, static cache);
+* ``loop``: a hand-written greedy loop over ``forward`` with its
+  ``past_key_values``.
+
+one worker process runs four ``generate`` calls with prompt lengths 7, 12,
+15 and 20 and 32 new tokens each, at batch 1 and at batch 2 with left
+padding, and records: tokens equal to eager's (greedy, exact), XLA compiles
+for all eight calls, decode steps that ran in eager PyTorch after the first
+call (dynamic graphs' eager calls plus nodes placed in eager), and the first
+call's wall time (compiles included). With ``--timing``, steady-state
+prefill latency and per-token decode latency for eager, Inductor and tpu,
+medians of paired rounds (prompt 12; decode = (T(33 tokens) - T(1 token)) / 32).
+
+Nothing is pinned (threads, allocator, XLA flags): these are the numbers at
+the settings users run. The load average is recorded at start and end.
+
+Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "generate.json"
+RESULTS_PAGE = ROOT / "docs" / "generation.md"
+MARKERS = ("<!-- generate-table:start -->", "<!-- generate-table:end -->")
+
+ARCHITECTURES = ("llama", "gpt2", "gemma3", "qwen3", "mistral")
+MODES = ("dynamic", "static", "compile_config", "loop")
+PROMPT_LENGTHS = (7, 12, 15, 20)
+NEW_TOKENS = 32
+VOCAB = 128
+
+
+def build_model(arch: str):
+    """A tiny random-weight causal LM (seeded: the same weights every time)."""
+    import torch
+    import transformers as tf
+
+    small = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )
+    configs: dict[str, Callable[[], Any]] = {
+        "llama": lambda: tf.LlamaConfig(**small),
+        "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                      bos_token_id=0, eos_token_id=0),
+        "gemma3": lambda: tf.Gemma3TextConfig(**small, head_dim=16, sliding_window=8,
+                                              layer_types=["sliding_attention", "full_attention"]),
+        "qwen3": lambda: tf.Qwen3Config(**small, head_dim=16),
+        "mistral": lambda: tf.MistralConfig(**small, sliding_window=8),
+    }
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(configs[arch]()).eval()
+
+
+def prompt(length: int, batch: int = 1):
+    """``(input_ids, attention_mask)``; at batch > 1 the last row is left-padded
+    by a third of its length (token 0 is the pad token)."""
+    import torch
+
+    ids = torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(length))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if batch > 1:
+        mask[-1, : length // 3] = 0
+        ids[-1, : length // 3] = 0
+    return ids, mask
+
+
+def greedy_loop(forward: Callable, ids, new_tokens: int):
+    """Greedy decoding over ``forward`` and its cache, as a user writes it."""
+    import torch
+    from transformers import DynamicCache
+
+    out = forward(input_ids=ids, cache=DynamicCache(), use_cache=True)
+    tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(new_tokens - 1):
+        out = forward(input_ids=tokens[-1], cache=out.cache, use_cache=True)
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+    return torch.cat([ids, *tokens], 1)
+
+
+class Generator:
+    """One way of generating (``mode``) with one backend (None = eager)."""
+
+    def __init__(self, arch: str, mode: str, backend: Optional[str]) -> None:
+        import torch
+
+        self.model = build_model(arch)
+        self.mode = mode
+        self.backend = backend
+        self.forward = self.model.forward
+        if backend is not None and mode != "compile_config":
+            self.forward = torch.compile(self.model.forward, backend=backend)
+            self.model.forward = self.forward
+        self.compile_config = None
+        if backend is not None and mode == "compile_config":
+            from transformers.generation.configuration_utils import CompileConfig
+
+            self.compile_config = CompileConfig(backend=backend)
+            self.compile_config._compile_all_devices = True  # transformers compiles CPU models only when asked
+
+    def __call__(self, ids, mask, new_tokens: int = NEW_TOKENS):
+        import torch
+
+        with torch.no_grad():
+            if self.mode == "loop":
+                if ids.shape[0] > 1:
+                    raise ValueError("the hand-written loop runs at batch 1")
+                return greedy_loop(self.forward, ids, new_tokens)
+            kwargs: dict[str, Any] = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                          pad_token_id=0, min_new_tokens=new_tokens)
+            if self.mode in ("static", "compile_config"):
+                kwargs["cache_implementation"] = "static"
+            if self.compile_config is not None:
+                kwargs["compile_config"] = self.compile_config
+            return self.model.generate(ids, **kwargs)
+
+
+def _eager_steps(report) -> int:
+    """Calls of dynamic graphs that ran in eager, plus nodes placed in eager."""
+    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks())
+
+
+def correctness(arch: str, mode: str) -> dict:
+    """Eight generate calls (four prompt lengths, batch 1 and 2) against eager's tokens."""
+    import tpu_inductor.report as report
+
+    batches = (1,) if mode == "loop" else (1, 2)
+    calls = [(length, batch) for batch in batches for length in PROMPT_LENGTHS]
+    eager = Generator(arch, mode, None)
+    expected = [eager(*prompt(length, batch)) for length, batch in calls]
+    report.reset()
+    tpu = Generator(arch, mode, "tpu")
+    rows = []
+    compiles_batch1 = 0
+    for (length, batch), want in zip(calls, expected):
+        if batch == 2 and not compiles_batch1:
+            compiles_batch1 = report.compile_counts()["xla_compiles"]
+        before = _eager_steps(report.current())
+        started = time.perf_counter()
+        got = tpu(*prompt(length, batch))
+        rows.append({
+            "prompt": length, "batch": batch, "seconds": time.perf_counter() - started,
+            "equal": bool(got.shape == want.shape and (got == want).all()),
+            "eager_steps": _eager_steps(report.current()) - before,
+        })
+    counts = report.compile_counts()
+    return {
+        "calls": rows,
+        "tokens_equal": all(r["equal"] for r in rows),
+        "first_call_seconds": rows[0]["seconds"],
+        "eager_steps_after_first": sum(r["eager_steps"] for r in rows[1:]),
+        "xla_compiles": counts["xla_compiles"],
+        "xla_compiles_batch1": compiles_batch1 or counts["xla_compiles"],
+        "dynamo_traces": counts["dynamo_traces"],
+        "buckets": [
+            {"graph": r.graph_id, "bucket": r.bucket, "outcome": r.outcome}
+            for r in report.current().recompiles
+        ],
+    }
+
+
+def timing(arch: str, mode: str, rounds: int) -> dict:
+    """Steady-state prefill and per-token decode latency, eager / Inductor / tpu,
+    each warmed up first, medians of paired rounds."""
+    backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
+    generators = {name: Generator(arch, mode, b) for name, b in backends.items()}
+    ids, mask = prompt(12)
+    for generate in generators.values():  # warm-up: every compile happens here
+        generate(ids, mask, 1)
+        generate(ids, mask, NEW_TOKENS + 1)
+    samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in generators}
+    for _ in range(rounds):
+        for name, generate in generators.items():
+            started = time.perf_counter()
+            generate(ids, mask, 1)
+            one = time.perf_counter() - started
+            started = time.perf_counter()
+            generate(ids, mask, NEW_TOKENS + 1)
+            many = time.perf_counter() - started
+            samples[name]["prefill"].append(one)
+            samples[name]["decode"].append((many - one) / NEW_TOKENS)
+    medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
+    for name in medians:
+        medians[name]["tokens_per_second"] = 1.0 / medians[name]["decode"]
+    return medians
+
+
+def child(arch: str, mode: str, with_timing: bool, rounds: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="generate-cache-") as cache_dir:
+        # A fresh cache directory (read through the environment: transformers'
+        # CompileConfig passes torch.compile a mode, which excludes options).
+        os.environ["TPU_INDUCTOR_CACHE_DIR"] = cache_dir
+        result = {"arch": arch, "mode": mode, **correctness(arch, mode)}
+        if with_timing:
+            result["timing"] = timing(arch, mode, rounds)
+    print("RESULT " + json.dumps(result))
+
+
+def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) -> dict:
+    """One fresh worker process per row, so a crash or hang counts as that row's."""
+    command = [sys.executable, __file__, "--child", f"{arch}:{mode}", "--rounds", str(rounds)]
+    if with_timing:
+        command.append("--timing")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"arch": arch, "mode": mode, "error": f"timed out after {timeout} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return {"arch": arch, "mode": mode, "error": f"exit {done.returncode}: " + " | ".join(tail)}
+
+
+def table(rows: list[dict]) -> str:
+    header = ["architecture", "mode", "tokens = eager", "XLA compiles (4 calls / with batch 2)",
+              "eager decode steps after call 1",
+              "first call", "decode ms/token eager / Inductor / tpu", "tpu vs Inductor (decode)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['arch']} | {r['mode']} | error: {r['error'][:120]} |" + " |" * (len(header) - 3))
+            continue
+        t = r.get("timing")
+        decode = (
+            " / ".join(f"{t[n]['decode'] * 1e3:.2f}" for n in ("eager", "inductor", "tpu")) if t else "-"
+        )
+        ratio = f"{t['inductor']['decode'] / t['tpu']['decode']:.2f}x" if t else "-"
+        lines.append(
+            f"| {r['arch']} | {r['mode']} | {'yes' if r['tokens_equal'] else 'NO'} | "
+            f"{r['xla_compiles_batch1']} / {r['xla_compiles']} | "
+            f"{r['eager_steps_after_first']} | {r['first_call_seconds']:.1f} s | {decode} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(text: str) -> None:
+    from benchmarks.sweep_common import replace_between_markers
+
+    replace_between_markers(RESULTS_PAGE, MARKERS, text)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated arch:mode rows (default: every architecture and mode)")
+    parser.add_argument("--timing", action="store_true", help="also time eager / Inductor / tpu (slow: Inductor compiles)")
+    parser.add_argument("--timing-modes", default="dynamic,static", help="modes timed with --timing")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per row")
+    parser.add_argument("--write-docs", action="store_true", help=f"update the table in {RESULTS_PAGE.relative_to(ROOT)}")
+    parser.add_argument("--update", action="store_true",
+                        help=f"keep the rows of {RESULTS.relative_to(ROOT)} that this run does not redo")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        arch, mode = args.child.split(":")
+        child(arch, mode, args.timing, args.rounds)
+        return 0
+    rows_wanted = (
+        [tuple(item.split(":")) for item in args.only.split(",")]
+        if args.only
+        else [(arch, mode) for arch in ARCHITECTURES for mode in MODES]
+    )
+    timed = set(args.timing_modes.split(",")) if args.timing else set()
+    load_start = os.getloadavg()[0]
+    started = time.time()
+    rows = []
+    for arch, mode in rows_wanted:
+        row = run_row(arch, mode, mode in timed, args.rounds, args.timeout)
+        rows.append(row)
+        print(table([row]).splitlines()[-1], flush=True)
+    from benchmarks.sweep_common import environment, write_json
+
+    meta = {**environment(), "seconds": time.time() - started, "load_average": [load_start, os.getloadavg()[0]],
+            "prompt_lengths": PROMPT_LENGTHS, "new_tokens": NEW_TOKENS}
+    if args.update and RESULTS.exists():
+        redone = {(r["arch"], r["mode"]) for r in rows}
+        kept = [r for r in json.loads(RESULTS.read_text())["rows"] if (r["arch"], r["mode"]) not in redone]
+        order = {key: i for i, key in enumerate((a, m) for a in ARCHITECTURES for m in MODES)}
+        rows = sorted(kept + rows, key=lambda r: order.get((r["arch"], r["mode"]), len(order)))
+    write_json(RESULTS, {"meta": meta, "rows": rows})
+    text = table(rows)
+    print("\n" + text)
+    print(f"\nload average {meta['load_average'][0]:.2f} -> {meta['load_average'][1]:.2f}; wrote {RESULTS}")
+    if args.write_docs:
+        write_docs(text)
+    failed = [r for r in rows if "error" in r or not r["tokens_equal"] or r["eager_steps_after_first"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
