@@ -9,8 +9,8 @@ download. For each architecture and way of generating:
 * ``static``: ``generate(cache_implementation="static")``;
 * ``compile_config``: transformers compiles the decode step itself
   (``CompileConfig(backend=...)``, static cache);
-* ``loop``: a hand-written greedy loop over ``forward`` with its
-  ``past_key_values``.
+* ``loop``: a hand-written greedy loop over ``forward`` with its cache,
+  the mask grown a column a step and positions from its ``cumsum``.
 
 one worker process runs four ``generate`` calls with prompt lengths 7, 12,
 15 and 20 and 32 new tokens each, at batch 1 and at batch 2 with left
@@ -18,8 +18,10 @@ padding, and records: tokens equal to eager's (greedy, exact), XLA compiles
 for all eight calls, decode steps that ran in eager PyTorch after the first
 call (dynamic graphs' eager calls plus nodes placed in eager), and the first
 call's wall time (compiles included). With ``--timing``, steady-state
-prefill latency and per-token decode latency for eager, Inductor and tpu,
-medians of paired rounds (prompt 12; decode = (T(33 tokens) - T(1 token)) / 32).
+prefill latency and per-token decode latency (and tokens/s) for eager,
+Inductor and tpu, medians of paired rounds (prompt 12; decode = (T(33
+tokens) - T(1 token)) / 32, prefill = T(1 token)), and Inductor's first
+call and Dynamo graph count.
 
 Nothing is pinned (threads, allocator, XLA flags): these are the numbers at
 the settings users run. The load average is recorded at start and end.
@@ -87,15 +89,21 @@ def prompt(length: int, batch: int = 1):
     return ids, mask
 
 
-def greedy_loop(forward: Callable, ids, new_tokens: int):
-    """Greedy decoding over ``forward`` and its cache, as a user writes it."""
+def greedy_loop(forward: Callable, ids, mask, new_tokens: int):
+    """Greedy decoding over ``forward`` and its cache, as a user writes it:
+    the mask grows by one column a step, positions count the real tokens."""
     import torch
     from transformers import DynamicCache
 
-    out = forward(input_ids=ids, cache=DynamicCache(), use_cache=True)
+    def positions(mask):
+        return (mask.cumsum(-1) - 1).clamp(min=0)
+
+    out = forward(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=DynamicCache(), use_cache=True)
     tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
     for _ in range(new_tokens - 1):
-        out = forward(input_ids=tokens[-1], cache=out.cache, use_cache=True)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
+        out = forward(input_ids=tokens[-1], attention_mask=mask, position_ids=positions(mask)[:, -1:],
+                      cache=out.cache, use_cache=True)
         tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
     return torch.cat([ids, *tokens], 1)
 
@@ -125,9 +133,7 @@ class Generator:
 
         with torch.no_grad():
             if self.mode == "loop":
-                if ids.shape[0] > 1:
-                    raise ValueError("the hand-written loop runs at batch 1")
-                return greedy_loop(self.forward, ids, new_tokens)
+                return greedy_loop(self.forward, ids, mask, new_tokens)
             kwargs: dict[str, Any] = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                                           pad_token_id=0, min_new_tokens=new_tokens)
             if self.mode in ("static", "compile_config"):
@@ -146,8 +152,7 @@ def correctness(arch: str, mode: str) -> dict:
     """Eight generate calls (four prompt lengths, batch 1 and 2) against eager's tokens."""
     import tpu_inductor.report as report
 
-    batches = (1,) if mode == "loop" else (1, 2)
-    calls = [(length, batch) for batch in batches for length in PROMPT_LENGTHS]
+    calls = [(length, batch) for batch in (1, 2) for length in PROMPT_LENGTHS]
     eager = Generator(arch, mode, None)
     expected = [eager(*prompt(length, batch)) for length, batch in calls]
     report.reset()
@@ -184,12 +189,19 @@ def correctness(arch: str, mode: str) -> dict:
 def timing(arch: str, mode: str, rounds: int) -> dict:
     """Steady-state prefill and per-token decode latency, eager / Inductor / tpu,
     each warmed up first, medians of paired rounds."""
+    import torch._dynamo.utils
+
     backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
     generators = {name: Generator(arch, mode, b) for name, b in backends.items()}
     ids, mask = prompt(12)
-    for generate in generators.values():  # warm-up: every compile happens here
-        generate(ids, mask, 1)
+    first: dict[str, dict[str, float]] = {}
+    for name, generate in generators.items():  # warm-up: every compile happens here
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        started = time.perf_counter()
         generate(ids, mask, NEW_TOKENS + 1)
+        first[name] = {"first_call": time.perf_counter() - started,
+                       "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
+        generate(ids, mask, 1)
     samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in generators}
     for _ in range(rounds):
         for name, generate in generators.items():
@@ -204,6 +216,7 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
     medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
     for name in medians:
         medians[name]["tokens_per_second"] = 1.0 / medians[name]["decode"]
+        medians[name].update(first[name])
     return medians
 
 
@@ -236,23 +249,33 @@ def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) 
 
 def table(rows: list[dict]) -> str:
     header = ["architecture", "mode", "tokens = eager", "XLA compiles (4 calls / with batch 2)",
-              "eager decode steps after call 1",
-              "first call", "decode ms/token eager / Inductor / tpu", "tpu vs Inductor (decode)"]
+              "eager decode steps after call 1", "first call, tpu"]
+    timed = any("timing" in r for r in rows)
+    if timed:
+        header += ["decode ms/token (tokens/s), eager / Inductor / tpu", "tpu vs Inductor (decode)",
+                   "prefill ms, eager / Inductor / tpu", "first call, Inductor (Dynamo graphs)"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['mode']} | error: {r['error'][:120]} |" + " |" * (len(header) - 3))
+            cells = [r["arch"], r["mode"], f"error: {r['error'][:120]}"] + [""] * (len(header) - 3)
+            lines.append("| " + " | ".join(cells) + " |")
             continue
-        t = r.get("timing")
-        decode = (
-            " / ".join(f"{t[n]['decode'] * 1e3:.2f}" for n in ("eager", "inductor", "tpu")) if t else "-"
-        )
-        ratio = f"{t['inductor']['decode'] / t['tpu']['decode']:.2f}x" if t else "-"
-        lines.append(
-            f"| {r['arch']} | {r['mode']} | {'yes' if r['tokens_equal'] else 'NO'} | "
-            f"{r['xla_compiles_batch1']} / {r['xla_compiles']} | "
-            f"{r['eager_steps_after_first']} | {r['first_call_seconds']:.1f} s | {decode} | {ratio} |"
-        )
+        cells = [r["arch"], r["mode"], "yes" if r["tokens_equal"] else "NO",
+                 f"{r['xla_compiles_batch1']} / {r['xla_compiles']}", str(r["eager_steps_after_first"]),
+                 f"{r['first_call_seconds']:.1f} s"]
+        if timed:
+            t = r.get("timing")
+            if t is None:
+                cells += ["-"] * 4
+            else:
+                names = ("eager", "inductor", "tpu")
+                cells += [
+                    " / ".join(f"{t[n]['decode'] * 1e3:.2f} ({t[n]['tokens_per_second']:.0f})" for n in names),
+                    f"{t['inductor']['decode'] / t['tpu']['decode']:.2f}x",
+                    " / ".join(f"{t[n]['prefill'] * 1e3:.1f}" for n in names),
+                    f"{t['inductor']['first_call']:.1f} s ({t['inductor']['dynamo_graphs']})",
+                ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

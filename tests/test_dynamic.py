@@ -468,7 +468,8 @@ def test_padded_rows_of_a_cache_write_never_land_at_a_wrong_position():
 
     def write(cache, rows, offset):
         positions = torch.arange(rows.shape[0]) + offset
-        return cache.index_copy(1, positions, rows.t()), cache.index_add(1, positions, rows.t())
+        counts = torch.ops.aten.index_put(cache, [None, positions], torch.ones(()), True)  # broadcast values
+        return cache.index_copy(1, positions, rows.t()), cache.index_add(1, positions, rows.t()), counts
 
     def inputs(length):
         return torch.randn(3, 40), torch.randn(length, 3) + 5, torch.tensor(4)

@@ -44,6 +44,7 @@ def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> N
     # The cache and prompt lengths are bucketed; no size compiles exactly.
     assert any(d.padded for d in dynamic) and not [d.exact for d in dynamic if d.exact]
     assert sum(d.device_calls for d in dynamic) >= len(calls) * (NEW_TOKENS - 2)
+    assert "Dynamic graphs (calls on the device / in eager" in str(report.current())
     compiled = [r for r in report.current().recompiles if r.outcome == "compiled"]
     # Powers of two: at most three decode buckets and two prefill buckets here.
     assert len(compiled) <= 8, [r.bucket for r in compiled]
@@ -51,6 +52,19 @@ def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> N
 
 def test_generate_with_the_default_dynamic_cache_stays_on_the_device():
     _generate_and_check("llama", "dynamic", [(7, 1), (12, 1), (20, 1)])
+
+
+def test_a_new_prompt_length_inside_a_bucket_compiles_nothing():
+    """Prompts 12 and 15 share the prefill bucket 16, and their decode steps
+    the cache buckets 16 and 32: the second generate call compiles nothing."""
+    tpu = Generator("llama", "dynamic", "tpu")
+    tpu(*prompt(7), NEW_TOKENS)  # Dynamo's first, static traces
+    tpu(*prompt(12), NEW_TOKENS)
+    compiles = report.compile_counts()["xla_compiles"]
+    recompiles = len(report.current().recompiles)
+    tpu(*prompt(15), NEW_TOKENS)
+    assert report.compile_counts()["xla_compiles"] == compiles
+    assert len(report.current().recompiles) == recompiles
 
 
 def test_sliding_window_layers_at_batch_two_with_left_padding():
@@ -64,7 +78,9 @@ def test_static_cache_with_sliding_window_layers():
 
 
 def test_a_hand_written_greedy_loop_over_forward_and_its_cache():
-    _generate_and_check("gpt2", "loop", [(7, 1), (12, 1), (20, 1)])
+    """The mask grows a column a step and positions come from its cumsum; the
+    second row is left-padded."""
+    _generate_and_check("gpt2", "loop", [(7, 2), (12, 2), (20, 2)])
 
 
 def test_generate_through_transformers_own_compile_config():

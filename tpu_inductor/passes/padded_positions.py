@@ -296,10 +296,12 @@ def _put_real_rows(x, dim: int, index, values, real, values_dim: Optional[int], 
     rows = torch.arange(index.size(0))
     indices = [None] * dim
     if accumulate:
-        if values_dim is not None:
-            shape = [1] * values.dim()
-            shape[values_dim] = -1
-            values = torch.where((rows < real).reshape(shape), values, 0)
+        # Every padded row adds zero: broadcast values first, so that each row has its own.
+        rows_shape = [*x.shape[:dim], index.size(0), *x.shape[dim + 1:]]
+        values = values.expand(rows_shape)
+        shape = [1] * len(rows_shape)
+        shape[dim] = -1
+        values = torch.where((rows < real).reshape(shape), values, 0)
         return torch.ops.aten.index_put(x, [*indices, index], values, True)
     rows = torch.minimum(rows, real - 1)
     if values_dim is not None:

@@ -87,8 +87,10 @@ class HostViews:
     holds the storage, not the tensor itself: the tensor still dies when its
     last user drops it (a weak reference then drops the view and frees the
     memory). A position that gets a new tensor on every call (activations)
-    stops keeping after ``_TURNOVER_LIMIT`` replacements: each kept view
-    costs ~1.5 us more to make than a plain one.
+    stops keeping after ``_TURNOVER_LIMIT`` replacements of views that were
+    never reused: each kept view costs ~1.5 us more to make than a plain
+    one. A view reused before its tensor was replaced (a KV cache, made anew
+    for each ``generate()`` and passed to every decode step) does not count.
     """
 
     _TURNOVER_LIMIT = 2
@@ -97,16 +99,19 @@ class HostViews:
         self._device = platform.device
         self._kept: list[Optional[tuple[weakref.ref, int, Any]]] = []
         self._turnover: list[int] = []
+        self._reused: list[bool] = []
 
     def buffers(self, tensors: tuple[torch.Tensor, ...]) -> list[Any]:
         if len(self._kept) != len(tensors):
-            self._kept, self._turnover = [None] * len(tensors), [0] * len(tensors)
+            count = len(tensors)
+            self._kept, self._turnover, self._reused = [None] * count, [0] * count, [False] * count
         kept = self._kept
         buffers = []
         for position, tensor in enumerate(tensors):
             entry = kept[position]
             if entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and tensor.is_contiguous():
                 buffers.append(entry[2])
+                self._reused[position] = True
             else:
                 buffers.append(self._view(position, tensor))
         return buffers
@@ -118,8 +123,9 @@ class HostViews:
             return self._import(tensor.contiguous())
         if self._turnover[position] >= self._TURNOVER_LIMIT or tensor.numel() == 0:
             return self._import(tensor)
-        if self._kept[position] is not None:
+        if self._kept[position] is not None and not self._reused[position]:
             self._turnover[position] += 1
+        self._reused[position] = False
         # The alias shares the storage but not the TensorImpl: a capsule that
         # held the tensor itself would keep its Python object alive (PyTorch
         # preserves it while C++ holds a reference), and the weak reference
@@ -143,7 +149,8 @@ class HostViews:
             entry = owner._kept[position] if owner is not None and position < len(owner._kept) else None
             if entry is not None and entry[0] is ref:
                 owner._kept[position] = None
-                owner._turnover[position] += 1
+                owner._turnover[position] += not owner._reused[position]
+                owner._reused[position] = False
 
         return forget
 

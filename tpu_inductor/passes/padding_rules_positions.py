@@ -1,0 +1,266 @@
+"""Padding rules for the ops that address positions along a dim: slices,
+selects, splits, concatenation, gathers and scatters, attention.
+
+Why its own module: these are the rules that decide whether a dim padded at
+its end still has its real positions where the graph reads them; several
+accept an op only because passes/padded_positions.py rewrites it to address
+the real end (the predicates they share are imported from there). The
+layout rules (views, reductions, matmuls...) are in passes/padding_rules.py,
+which lists both in :data:`~tpu_inductor.passes.padding_rules.RULES`.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
+from tpu_inductor.passes.padded_positions import concatenation_parts, index_put_rows, realigned_read
+from tpu_inductor.passes.padding_safety import (
+    _ONE,
+    Layout,
+    _Analyzer,
+    _arg,
+    _equal,
+    _free,
+    _norm,
+    _product,
+    _sym_syms,
+    expr_of,
+)
+
+aten = torch.ops.aten
+
+
+def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.slice.Tensor:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    rank = len(source)
+    d = _norm(_arg(node, "dim", 1, 0), rank)
+    start = _arg(node, "start", 2, None)
+    step = _arg(node, "step", 4, 1)
+    out_size = expr_of(node.meta["val"].shape[d])
+    layout = list(source)
+    in_dim = source[d]
+    if _equal(out_size, _product(in_dim)):
+        a.layouts[node] = tuple(layout)  # the whole dim
+        return ("end",)
+    if len(in_dim) == 1 and realigned_read(node) is not None:
+        # x[:, -k:] or x[:, i:i + k]: read at the real end (passes/padded_positions.py).
+        layout[d] = (out_size,)
+        a.layouts[node] = tuple(layout)
+        return ("start", "end")
+    if not _sym_syms(in_dim) and isinstance(out_size, sympy.Symbol) and start in (None, 0) and step == 1:
+        # x[:, :s] of a static dim: position j is j; s must not outgrow the dim.
+        limit = int(_product(in_dim))
+        a.bounds[out_size] = min(a.bounds.get(out_size, limit), limit)
+        layout[d] = (out_size,)
+        a.layouts[node] = tuple(layout)
+        return ("end",)
+    static_start = isinstance(start, (int, type(None))) and (start or 0) >= 0 and step == 1
+    if len(in_dim) == 1 and static_start and (_sym_syms(in_dim) or not out_size.free_symbols):
+        # A static start: output position j is input position start + j at any
+        # padded length, so the real positions stay a prefix (x[:, 1:], x[:, :-1]).
+        layout[d] = a.dim_from_size(out_size, prefix=True)
+        a.layouts[node] = tuple(layout)
+        return ("end",)
+    a.mark(_sym_syms(in_dim) | out_size.free_symbols, "slices it")
+    layout[d] = (out_size,)
+    a.layouts[node] = tuple(layout)
+    return ()
+
+
+def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not aten.select.int:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    d = _norm(node.args[1], len(source))
+    index = node.args[2]
+    # A static position, or one counted from the real end (passes/padded_positions.py).
+    if len(source[d]) != 1 or not (isinstance(index, int) or realigned_read(node) is not None):
+        a.mark(_sym_syms(source[d]), "picks one position of it")
+    a.layouts[node] = source[:d] + source[d + 1:]
+    return ("index",)
+
+
+def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    index = 1 if target is aten.unbind.int else 2
+    d = _norm(_arg(node, "dim", index, 0), len(source))
+    a.mark(_sym_syms(source[d]), "splits it")
+    outs = []
+    for v in node.meta["val"]:
+        layout = list(source)
+        if target is aten.unbind.int:
+            del layout[d]
+        else:
+            layout[d] = a.dim_from_size(v.shape[d])
+        outs.append(tuple(layout))
+    a.layouts[node] = outs
+    return ()
+
+
+def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target not in (aten.cat.default, aten.stack.default):
+        return None
+    out = node.meta["val"]
+    if target is aten.cat.default:
+        d, parts = concatenation_parts(node)
+    else:
+        d, parts = _norm(_arg(node, "dim", 1, 0), out.dim()), [p for p in node.args[0] if isinstance(p, torch.fx.Node)]
+    layouts = [a.layout(p) for p in parts]
+    if any(layout is None for layout in layouts) or not layouts:
+        a._unknown(node)
+        return ()
+    result = []
+    for k in range(out.dim()):
+        if target is aten.cat.default and k == d:
+            # Each part's real positions first, padding last: the parts are
+            # put at their real offsets (passes/padded_positions.py).
+            merged = [layout[k] for layout in layouts if len(layout[k]) > 1]
+            a.mark(_free(f for dim in merged for f in dim), "concatenates dims that merge it with others")
+            result.append(a.dim_from_size(out.shape[k], prefix=not merged))
+            continue
+        if target is aten.stack.default and k == d:
+            result.append(a.dim_from_size(out.shape[k]))
+            continue
+        source_k = k if target is aten.cat.default or k < d else k - 1
+        dims = [layout[source_k] for layout in layouts if len(layout) > source_k]
+        dims = [x for x in dims if x != _ONE] or [_ONE]
+        result.append(a.agreed_dim(dims, "concatenates differently laid out dims", out.shape[k]))
+    a.layouts[node] = tuple(result)
+    return ()
+
+
+def _rule_attention(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    if target is not CPU_FLASH_ATTENTION:
+        return None
+    q, k, v = (a.layout(x) for x in node.args[:3])
+    if q is None or k is None or v is None or not len(q) == len(k) == len(v) == 4:
+        a._unknown(node)
+        return ()
+    dropout, is_causal = flash_attention_flags(node)
+    mask = node.kwargs.get("attn_mask")
+    for i in (0, 1):
+        if not q[i] == k[i] == v[i]:
+            a.mark(_sym_syms(q[i]) | _sym_syms(k[i]) | _sym_syms(v[i]), "pairs differently laid out heads")
+    a.mark(_sym_syms(q[3]) | _sym_syms(k[3]), "contracts over it (attention scores)")
+    # Padded keys are hidden from every query by the real key length
+    # (passes/attention.py), causal or not, whatever the mask holds there.
+    # Keys and values are one dim to attention: separately traced symbols
+    # (a KV cache's keys and values) have equal real lengths, or eager raises.
+    if len(k[2]) != 1 or len(v[2]) != 1:
+        a.mark(_sym_syms(k[2]) | _sym_syms(v[2]), "attends over keys merged with another dim")
+    if dropout:
+        a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "drops attention at random along it")
+    if any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users):
+        # The decomposition that masks padded keys returns only the output.
+        a.mark(_sym_syms(k[2]), "reads attention's logsumexp over it")
+    if mask is not None:
+        _check_attention_mask(a, a.layout(mask), q, k)
+    a.layouts[node] = [(q[0], q[1], q[2], v[3]), (q[0], q[1], q[2])]
+    return ()
+
+
+def _check_attention_mask(a: _Analyzer, mask: Optional[Layout], q: Layout, k: Layout) -> None:
+    """The mask's dims must be the queries' and keys' (or broadcast)."""
+    if mask is None:
+        a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "masks attention with a tensor of unknown layout")
+        return
+    targets = ((q[0], q[1], q[2], k[2]))[4 - len(mask):]
+    for have, want in zip(mask, targets):
+        if have != _ONE and have != want:
+            a.mark(_sym_syms(have) | _sym_syms(want), "masks attention along a differently laid out dim")
+
+
+def _index_rows(a: _Analyzer, node: torch.fx.Node, indices: Sequence[Any]) -> Optional[Layout]:
+    """The broadcast layout of advanced-indexing tensors (None for a boolean
+    mask or an index without a layout)."""
+    tensors = [i for i in indices if isinstance(i, torch.fx.Node)]
+    layouts = [a.layout(i) for i in tensors]
+    if not tensors or any(layout is None for layout in layouts):
+        return None
+    if any(i.meta["val"].dtype == torch.bool for i in tensors):
+        return None
+    shape = torch.broadcast_shapes(*[i.meta["val"].shape for i in tensors])
+    rank = len(shape)
+    result = []
+    for k in range(rank):
+        dims = [layout[k - (rank - len(layout))] for layout in layouts if k - (rank - len(layout)) >= 0]
+        dims = [d for d in dims if d != _ONE] or [_ONE]
+        result.append(a.agreed_dim(dims, "indexes with differently laid out index tensors", shape[k]))
+    return tuple(result)
+
+
+def _rule_index(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    """``x[..., idx, ...]``: a gather. Indices are data: within the real
+    size (eager raises otherwise; passes/wrap_negative_indices.py counts a
+    negative one from the real end), so a padded source dim is only read at
+    real positions; the output's rows are the index tensors' positions."""
+    if target is not aten.index.Tensor:
+        return None
+    source = a.source_layout(node)
+    if source is None:
+        return ()
+    indices = list(node.args[1])
+    rows = _index_rows(a, node, indices)
+    if rows is None:
+        a._unknown(node)
+        return ()
+    positions = [k for k, i in enumerate(indices) if i is not None]
+    others = [d for k, d in enumerate(source) if k not in positions]
+    if positions == list(range(positions[0], positions[-1] + 1)):  # adjacent: rows go in their place
+        layout = tuple(others[: positions[0]]) + rows + tuple(others[positions[0]:])
+    else:  # PyTorch puts the rows first
+        layout = rows + tuple(others)
+    if len(layout) != node.meta["val"].dim():
+        a._unknown(node)
+        return ()
+    a.layouts[node] = layout
+    return ()
+
+
+def _rule_index_put(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
+    """``x[..., idx] = values``: positions of ``x`` are kept, and writes land
+    at data positions within the real size (as for a gather). Padded rows of
+    one 1-d index and its values write duplicates of the last real row (or
+    add zeros) instead: passes/padded_positions.py."""
+    if target not in (aten.index_put.default, aten._unsafe_index_put.default):
+        return None
+    source = a.source_layout(node)
+    values = a.layout(node.args[2])
+    if source is None or values is None:
+        a._unknown(node)
+        return ()
+    indices = list(node.args[1])
+    tensors = [i for i in indices if isinstance(i, torch.fx.Node)]
+    single = index_put_rows(node)
+    if single is None:
+        rows = _index_rows(a, node, indices)
+        if rows is None or _free(f for d in rows for f in d) or any(_sym_syms(d) for d in values):
+            a.mark(_free(f for d in (rows or ()) for f in d) | {s for d in values for s in _sym_syms(d)}
+                   | {s for i in tensors for d in (a.layout(i) or ()) for s in _sym_syms(d)},
+                   "writes rows sized by it at data positions")
+    else:
+        position, _ = single
+        index_dim = a.layout(tensors[0])[0]
+        offset = len(source) - len(values)
+        for k, dim in enumerate(values):
+            target_dim = index_dim if k + offset == position else source[k + offset]
+            if dim != _ONE and dim != target_dim:
+                a.mark(_sym_syms(dim) | _sym_syms(target_dim), "writes values laid out differently from their rows")
+    a.layouts[node] = source
+    return ()
