@@ -143,9 +143,18 @@ class Generator:
             return self.model.generate(ids, **kwargs)
 
 
+def dynamo_gave_up() -> int:
+    """Frames Dynamo ran in eager because it hit its recompile limit (those
+    calls never reach a backend, so they count as steps in eager)."""
+    import torch._dynamo.utils
+
+    return sum(n for why, n in torch._dynamo.utils.counters["unimplemented"].items() if "recompile limit" in why)
+
+
 def _eager_steps(report) -> int:
-    """Calls of dynamic graphs that ran in eager, plus nodes placed in eager."""
-    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks())
+    """Calls of dynamic graphs that ran in eager, nodes placed in eager, and
+    frames Dynamo gave up on."""
+    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks()) + dynamo_gave_up()
 
 
 def correctness(arch: str, mode: str) -> dict:
@@ -191,6 +200,11 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
     each warmed up first, medians of paired rounds."""
     import torch._dynamo.utils
 
+    # Both compiled backends compile the same code object in this process:
+    # Dynamo's per-code recompile limit (8) would send one of them to eager.
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = 64
+    gave_up = dynamo_gave_up()
     backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
     generators = {name: Generator(arch, mode, b) for name, b in backends.items()}
     ids, mask = prompt(12)
@@ -213,6 +227,8 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
             many = time.perf_counter() - started
             samples[name]["prefill"].append(one)
             samples[name]["decode"].append((many - one) / NEW_TOKENS)
+    if dynamo_gave_up() > gave_up or not all(first[n]["dynamo_graphs"] for n in ("inductor", "tpu")):
+        raise RuntimeError(f"a compiled backend ran in eager: {first}")
     medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
     for name in medians:
         medians[name]["tokens_per_second"] = 1.0 / medians[name]["decode"]

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("transformers")
 
 import tpu_inductor.report as report
-from benchmarks.generate import Generator, prompt
+from benchmarks.generate import Generator, dynamo_gave_up, prompt
 
 NEW_TOKENS = 12
 
@@ -29,6 +29,7 @@ def fresh_cache_dir(tmp_path, monkeypatch):
 
 
 def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> None:
+    gave_up = dynamo_gave_up()
     eager = Generator(arch, mode, None)
     expected = [eager(*prompt(length, batch), NEW_TOKENS) for length, batch in calls]
     tpu = Generator(arch, mode, "tpu")
@@ -40,6 +41,7 @@ def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> N
         if index:
             assert after == before, f"decode steps ran in eager at prompt {length}, batch {batch}"
     assert report.current().fallbacks() == []
+    assert dynamo_gave_up() == gave_up  # Dynamo's recompile limit would run frames in eager
     dynamic = report.current().dynamic_graphs
     # The cache and prompt lengths are bucketed; no size compiles exactly.
     assert any(d.padded for d in dynamic) and not [d.exact for d in dynamic if d.exact]
