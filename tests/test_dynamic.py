@@ -506,3 +506,18 @@ def test_related_sizes_are_raised_to_buckets_that_keep_their_guards():
     chosen = choose_buckets({s0: 9, s1: 17}, frozenset({s0, s1}), {}, BucketPolicy(), env)
     assert chosen == {s0: 16, s1: 32}
     assert chosen[s1] >= chosen[s0] + 8
+
+
+def test_assignment_up_to_a_symbolic_end_compiles():
+    """``y[:n - 1] = x`` is ``slice_scatter`` with a symbolic end (an FX node):
+    comparing it with Python's open end raised a TypeError in the rewrite."""
+
+    def assign(x):
+        y = torch.zeros_like(x)
+        y[: x.shape[0] - 1] = x[1:] * 2
+        return y + 1
+
+    fn = compiled(assign, dynamic=True)
+    for rows in (3, 5, 6):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(fn(x), assign(x))

@@ -27,26 +27,21 @@ def clamp_slice_bounds(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         base = node.args[0].meta.get("val")
         dim, start, end, step = _arguments(node)
         size = base.shape[dim] if isinstance(base, torch.Tensor) else None
-        if isinstance(size, torch.SymInt) and start == 0 and step == 1 and isinstance(end, int) and end >= _OPEN_END:
-            # The whole of a symbolic dim (a sliding-window cache's ``keys[:] = new``):
-            # the result is the source. Its symbolic lowering hit the same
-            # std::bad_alloc, and with the end at the dim's size torch-mlir has no
-            # lowering for a non-constant end.
+        if isinstance(size, torch.SymInt) and isinstance(start, int) and start >= 0 and isinstance(end, int) and end >= _OPEN_END:
+            # A symbolic dim to Python's open end: its symbolic lowering hit the same
+            # std::bad_alloc, and torch-mlir has no lowering for a non-constant end.
             with gm.graph.inserting_before(node):
-                whole = gm.graph.call_function(aten.clone.default, (node.args[1],))
-            whole.meta = dict(node.meta)
-            node.replace_all_uses_with(whole)
-            gm.graph.erase_node(node)
-            changed = True
-            continue
-        if isinstance(size, torch.SymInt) and isinstance(start, int) and start >= 0 and end >= _OPEN_END:
-            # A symbolic dim: end at its size, read off the base (as above, for
-            # the error it gives instead of a std::bad_alloc).
-            with gm.graph.inserting_before(node):
-                end_node = gm.graph.call_function(aten.sym_size.int, (node.args[0], dim))
-            end_node.meta["val"] = size
-            node.args = (node.args[0], node.args[1], dim, start, end_node, step)
-            node.kwargs = {}
+                if start == 0 and step == 1:
+                    # The whole dim (a sliding-window cache's ``keys[:] = new``): the source.
+                    whole = gm.graph.call_function(aten.clone.default, (node.args[1],))
+                    whole.meta = dict(node.meta)
+                    node.replace_all_uses_with(whole)
+                    gm.graph.erase_node(node)
+                else:  # end at the dim's size, read off the base (an error, not a std::bad_alloc)
+                    end_node = gm.graph.call_function(aten.sym_size.int, (node.args[0], dim))
+                    end_node.meta["val"] = size
+                    node.args = (node.args[0], node.args[1], dim, start, end_node, step)
+                    node.kwargs = {}
             changed = True
             continue
         if not all(isinstance(v, int) for v in (size, start, end)):
