@@ -111,9 +111,10 @@ class ShapeBinding:
     def pad(self, args: Sequence[Any], bucket: Mapping[sympy.Symbol, int]) -> list[Any]:
         """``args`` with padded dims zero-extended and SymInt arguments at bucket values."""
         padded = list(args)
+        substitution = {s: sympy.Integer(v) for s, v in bucket.items()}
         for index, dims in self._pad.items():
             tensor = padded[index]
-            extra = {dim: _at(size, bucket) - int(tensor.shape[dim]) for dim, size in dims}
+            extra = {dim: int(size.xreplace(substitution)) - int(tensor.shape[dim]) for dim, size in dims}
             if any(extra.values()):
                 widths: list[int] = []
                 for dim in reversed(range(tensor.dim())):
@@ -121,7 +122,7 @@ class ShapeBinding:
                 padded[index] = torch.constant_pad_nd(tensor, widths, 0)
         for index, expr in self._scalars:
             if expr.free_symbols & self.padded:
-                padded[index] = int(expr.xreplace({s: sympy.Integer(v) for s, v in bucket.items()}))
+                padded[index] = int(expr.xreplace(substitution))
         return padded
 
     def unpad(
@@ -154,7 +155,3 @@ class ShapeBinding:
                     value = value.narrow(dim, 0, size)
             result[index] = value.contiguous()
         return result
-
-
-def _at(size: sympy.Expr, values: Mapping[sympy.Symbol, int]) -> int:
-    return int(size.xreplace({s: sympy.Integer(v) for s, v in values.items()}))

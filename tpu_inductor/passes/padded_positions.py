@@ -51,7 +51,7 @@ import sympy
 import torch
 import torch.fx
 
-from tpu_inductor.passes.padding_safety import _norm, expr_of
+from tpu_inductor.passes.padding_safety import _arg, _norm, expr_of
 from tpu_inductor.passes.real_lengths import RealLengths
 from tpu_inductor.passes.rewrite import GraphBuilder, inline_replacement, trace_replacement
 
@@ -67,7 +67,7 @@ def concatenation_parts(node: torch.fx.Node) -> tuple[int, list[torch.fx.Node]]:
     """``(dim, parts)`` of a ``cat``: the parts that take part in it (PyTorch
     skips legacy 1-d empty tensors, such as a KV cache before its first update)."""
     rank = node.meta["val"].dim()
-    dim = _norm(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), rank)
+    dim = _norm(_arg(node, "dim", 1, 0), rank)
     parts = [p for p in node.args[0] if isinstance(p, torch.fx.Node) and p.meta["val"].dim() == rank]
     return dim, parts
 
@@ -90,7 +90,7 @@ def realigned_read(node: torch.fx.Node) -> Optional[RealignedRead]:
     if node.target not in (aten.slice.Tensor, aten.select.int):
         return None
     source = node.args[0].meta["val"]
-    dim = _norm(node.args[1] if len(node.args) > 1 else 0, source.dim())
+    dim = _norm(_arg(node, "dim", 1, 0), source.dim())
     if node.target is aten.select.int:
         index = node.args[2]
         if isinstance(index, int):
@@ -99,9 +99,7 @@ def realigned_read(node: torch.fx.Node) -> Optional[RealignedRead]:
         if isinstance(value, torch.SymInt):
             return RealignedRead(dim, 1, start=expr_of(value), squeeze=True)
         return None
-    start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start")
-    end = node.args[3] if len(node.args) > 3 else node.kwargs.get("end")
-    step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+    start, end, step = _arg(node, "start", 2), _arg(node, "end", 3), _arg(node, "step", 4, 1)
     length = node.meta["val"].shape[dim]
     if step != 1 or not isinstance(length, int):
         return None
@@ -147,7 +145,7 @@ def counted_from(node: torch.fx.Node) -> Optional[sympy.Expr]:
     """The size an ``arange(start, end)`` with step 1 counts from, if symbolic."""
     if node.target not in (aten.arange.start, aten.arange.start_step):
         return None
-    step = node.args[2] if node.target is aten.arange.start_step and len(node.args) > 2 else 1
+    step = _arg(node, "step", 2, 1)
     start = node.args[0]
     value = start.meta.get("val") if isinstance(start, torch.fx.Node) else None
     if step != 1 or not isinstance(value, torch.SymInt):
@@ -276,7 +274,7 @@ def _realign_index_put(gm, node, padded, real_lengths: RealLengths) -> bool:
     if not _padded(count, padded):
         return False
     source, _, values = node.args[:3]
-    accumulate = bool(node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False))
+    accumulate = bool(_arg(node, "accumulate", 3, False))
     real = real_lengths.node(expr_of(count), node.meta["val"])
     values_dim = dim - (source.meta["val"].dim() - values.meta["val"].dim())
     broadcast = values_dim < 0 or values.meta["val"].shape[values_dim] == 1

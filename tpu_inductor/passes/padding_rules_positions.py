@@ -180,7 +180,7 @@ def _check_attention_mask(a: _Analyzer, mask: Optional[Layout], q: Layout, k: La
     if mask is None:
         a.mark(_sym_syms(q[2]) | _sym_syms(k[2]), "masks attention with a tensor of unknown layout")
         return
-    targets = ((q[0], q[1], q[2], k[2]))[4 - len(mask):]
+    targets = (q[0], q[1], q[2], k[2])[4 - len(mask):]
     for have, want in zip(mask, targets):
         if have != _ONE and have != want:
             a.mark(_sym_syms(have) | _sym_syms(want), "masks attention along a differently laid out dim")
@@ -190,19 +190,12 @@ def _index_rows(a: _Analyzer, node: torch.fx.Node, indices: Sequence[Any]) -> Op
     """The broadcast layout of advanced-indexing tensors (None for a boolean
     mask or an index without a layout)."""
     tensors = [i for i in indices if isinstance(i, torch.fx.Node)]
-    layouts = [a.layout(i) for i in tensors]
-    if not tensors or any(layout is None for layout in layouts):
+    if not tensors or any(a.layout(i) is None for i in tensors):
         return None
     if any(i.meta["val"].dtype == torch.bool for i in tensors):
         return None
     shape = torch.broadcast_shapes(*[i.meta["val"].shape for i in tensors])
-    rank = len(shape)
-    result = []
-    for k in range(rank):
-        dims = [layout[k - (rank - len(layout))] for layout in layouts if k - (rank - len(layout)) >= 0]
-        dims = [d for d in dims if d != _ONE] or [_ONE]
-        result.append(a.agreed_dim(dims, "indexes with differently laid out index tensors", shape[k]))
-    return tuple(result)
+    return a.broadcast_layout(tensors, shape, "indexes with differently laid out index tensors")
 
 
 def _rule_index(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
@@ -246,17 +239,17 @@ def _rule_index_put(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
         a._unknown(node)
         return ()
     indices = list(node.args[1])
-    tensors = [i for i in indices if isinstance(i, torch.fx.Node)]
     single = index_put_rows(node)
     if single is None:
         rows = _index_rows(a, node, indices)
-        if rows is None or _free(f for d in rows for f in d) or any(_sym_syms(d) for d in values):
-            a.mark(_free(f for d in (rows or ()) for f in d) | {s for d in values for s in _sym_syms(d)}
-                   | {s for i in tensors for d in (a.layout(i) or ()) for s in _sym_syms(d)},
-                   "writes rows sized by it at data positions")
+        index_layouts = [a.layout(i) or () for i in indices if isinstance(i, torch.fx.Node)]
+        a.mark(
+            _free(f for layout in (rows or (), values, *index_layouts) for d in layout for f in d),
+            "writes rows sized by it at data positions",
+        )
     else:
-        position, _ = single
-        index_dim = a.layout(tensors[0])[0]
+        position, index = single
+        index_dim = a.layout(index)[0]
         offset = len(source) - len(values)
         for k, dim in enumerate(values):
             target_dim = index_dim if k + offset == position else source[k + offset]

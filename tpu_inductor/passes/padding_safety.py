@@ -331,9 +331,15 @@ class _Analyzer:
         return ()
 
     def _pointwise(self, node: torch.fx.Node, inputs: Optional[Sequence] = None) -> None:
-        val = node.meta["val"]
-        rank = val.dim()
         tensors = [a for a in (inputs or _flatten_nodes(node)) if self.layout(a) is not None]
+        self.layouts[node] = self.broadcast_layout(
+            tensors, node.meta["val"].shape, "combines differently laid out dims"
+        )
+
+    def broadcast_layout(self, tensors: Sequence[torch.fx.Node], shape: Sequence[Any], why: str) -> Layout:
+        """The layout of ``tensors`` broadcast together to ``shape`` (their
+        dims aligned from the right; differing dims are unsafe for ``why``)."""
+        rank = len(shape)
         layout = []
         for k in range(rank):
             candidates = []
@@ -343,10 +349,10 @@ class _Analyzer:
                 if index >= 0 and arg_layout[index] != _ONE:
                     candidates.append(arg_layout[index])
             if not candidates:
-                layout.append(self.dim_from_size(val.shape[k]))
+                layout.append(self.dim_from_size(shape[k]))
             else:
-                layout.append(self.agreed_dim(candidates, "combines differently laid out dims", val.shape[k]))
-        self.layouts[node] = tuple(layout)
+                layout.append(self.agreed_dim(candidates, why, shape[k]))
+        return tuple(layout)
 
 
 def _named_args(node: torch.fx.Node) -> dict[str, Any]:
