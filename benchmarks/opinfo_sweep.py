@@ -230,6 +230,18 @@ def table(report: dict) -> str:
     return common.markdown_table(header, rows)
 
 
+def _write_partial(out: Path, report: dict, dtype: str, finished: dict[str, dict]) -> None:
+    """The results so far, marked partial, at ``out`` (a stopped sweep keeps them)."""
+    results = {}
+    for task_id, record in finished.items():
+        name = task_id.split("/", 1)[1]
+        results[name] = op_result(record, name, dtype)
+    partial = {**report, dtype: {"summary": summarise(results), "results": results,
+                                 "meta": {**common.environment(), "partial": True}}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(partial, indent=1))
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         common.worker_main(sys.argv[2:], run_task)
@@ -253,9 +265,14 @@ def main() -> None:
             tasks = [{"id": f"{dtype}/{name}", "op": name, "dtype": dtype, "samples": args.samples,
                       "timeout": args.timeout} for name in op_ids]
 
+            finished: dict[str, dict] = {}
+
             def progress(record: dict, done: int, total: int, dtype: str = dtype) -> None:
+                finished[record["id"]] = record
                 if done % 20 == 0 or done == total:
                     print(f"  {dtype}: {done}/{total} ops", file=sys.stderr, flush=True)
+                    # A long sweep keeps what it has measured if it is stopped.
+                    _write_partial(args.out, report, dtype, finished)
 
             records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
                                        jobs=args.jobs, chunk=args.chunk, env=env, workdir=scratch / f"logs-{dtype}",
