@@ -267,11 +267,12 @@ def test_an_eager_view_reads_a_tensor_laid_out_otherwise_than_traced():
     torch.testing.assert_close(eager_views_as_reshape(gm)(transposed), transposed.reshape(-1))
 
 
-def test_every_op_that_draws_random_numbers_uses_torchs_generator():
+def test_random_ops_left_to_eager_use_torchs_generator():
     """PyTorch tags random ops ``nondeterministic_seeded``; torch-mlir lowered
     ``rrelu_with_noise`` with its own generator (torch-mlir's e2e
     ``ElementwiseRreluWithNoiseTrainModule``: another mean and std than eager's
-    under the same seed). Seeded alike, eager and tpu draw the same numbers."""
+    under the same seed). Those that stay eager (``fallback_random``) draw,
+    seeded alike, eager's numbers."""
 
     def f(x, noise):
         out, out_noise = torch.ops.aten.rrelu_with_noise_functional(x, noise, 0.2, 0.5, True)
@@ -281,7 +282,7 @@ def test_every_op_that_draws_random_numbers_uses_torchs_generator():
     torch.manual_seed(0)
     expected = f(x, noise)
     torch.manual_seed(0)
-    torch.testing.assert_close(compiled(f)(x, noise), expected)
+    torch.testing.assert_close(compiled(f, fallback_random=True)(x, noise), expected)
     assert fallback_ops() == ["aten.rrelu_with_noise_functional.default"]
 
 
@@ -289,7 +290,7 @@ def test_a_fallback_inside_a_torch_module_names_the_module():
     """Compiled directly, a torch.nn module leaves Dynamo no stack trace of
     user code: the report names the submodule instead of '?'."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
-    torch.compile(model, backend="tpu", options=OPTIONS)(torch.randn(2, 8))
+    torch.compile(model, backend="tpu", options={**OPTIONS, "fallback_random": True})(torch.randn(2, 8))
     (record,) = report.current().fallbacks()
     assert record.op == "aten.native_dropout.default"
     assert record.source == "module 1 (Dropout)"

@@ -25,6 +25,7 @@ from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.errors import TpuInductorError
 from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.in_place_updates import in_place_update_reason
+from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.reporting import hooks
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,9 @@ def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, tra
     # Backward graphs compile at the first backward call, after Dynamo's trace
     # is over: the trace record travels with the compiler.
     with report.within_trace(trace), report.stage("backend"):
+        # The pipeline rewrites gm in place; a failure half-way must not leave
+        # the eager fallback a half-rewritten graph.
+        as_traced = runnable_copy(gm)
         try:
             compiled = compile_graph(gm, example_inputs, kind, context)
         except TpuInductorError:  # strict mode, config, budget: raised on purpose
@@ -127,6 +131,6 @@ def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, tra
                 kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
-            compiled = eager_graph(gm, kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}")
+            compiled = eager_graph(as_traced, kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}")
     hooks.on_graph_compiled()
     return compiled

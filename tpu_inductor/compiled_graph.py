@@ -27,6 +27,7 @@ from tpu_inductor.errors import OutputMismatchError
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.lowering.support import SupportTable
+from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
 from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
@@ -196,12 +197,15 @@ class _BoxedGraph:
         # disable() around backward graphs) copy it and keep the boxed call.
         self._boxed_call = True
         self.record: Optional[report.GraphRecord] = module.meta.get(_RECORD_KEY)
+        self.seed_device: Optional[torch.device] = module.meta.get(SEED_META)
 
     def __call__(self, args: list[Any]) -> Any:
         if self.record is not None:
             self.record.executions += 1
         module_args = list(args)
         args.clear()
+        if self.seed_device is not None:  # random ops draw on the device (passes/device_random.py)
+            module_args.append(draw_seed(self.seed_device))
         return self.run(*module_args)
 
 
@@ -252,7 +256,7 @@ def build_compiled_graph(
     """The static path of the pipeline (pipeline.py): stages, placement, one
     executable per island. ``parameters``: positions of inputs whose
     parameter-only computation may be kept between calls (``freeze_parameters``)."""
-    gm = run_stages(gm, GraphFacts(symbolic=False, platform=context.platform.name))
+    gm = run_stages(gm, GraphFacts.of(context, symbolic=False))
     record = _graph_record(gm, kind)
     probe = functools.partial(_probe_lowers, context=context)
     support = graph_support(gm, context, probe)
@@ -285,6 +289,8 @@ def build_compiled_graph(
         devices[island.name] = run
     fused = fuse_islands(gm, plan, devices)
     fused.meta[_RECORD_KEY] = record  # execution counts
+    if SEED_META in gm.meta:
+        fused.meta[SEED_META] = gm.meta[SEED_META]
     return fused
 
 

@@ -71,6 +71,15 @@ class Config:
     as choices, not fallbacks. Ignored on other platforms.
     Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
 
+    fallback_random: bool = False
+    """Run random ops (dropout, ``rand``, ``randn``, ``bernoulli``, ...) in eager
+    PyTorch on torch's generator, drawing exactly eager's numbers. Off (as
+    Inductor's option of that name): they draw on the device from a seed
+    taken from torch's generator at each call, reproducible under
+    ``torch.manual_seed`` but not eager's numbers. ``multinomial``,
+    ``randperm`` and ops given their own ``generator`` always run eagerly.
+    Env: ``TPU_INDUCTOR_FALLBACK_RANDOM``."""
+
     freeze_parameters: bool = False
     """Inference graphs compute what depends only on parameters and buffers
     (BatchNorm folded into convolution weights, scales, casts) once and reuse

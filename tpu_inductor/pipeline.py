@@ -33,6 +33,7 @@ from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
 from tpu_inductor.lowering.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
+from tpu_inductor.passes.device_random import device_random
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
@@ -50,10 +51,18 @@ class GraphFacts:
 
     symbolic: bool
     platform: str
+    fallback_random: bool = False
+    """Random ops stay on torch's generator, in eager (``Config.fallback_random``)."""
     analysis: Optional[PaddingAnalysis] = None
     """Which symbols padding may change (symbolic graphs; set by ``padding_safety``)."""
     real_lengths: Optional[RealLengths] = None
     """The graph's ``valid_<size>`` inputs: real sizes the padded graph reads at run time."""
+
+    @classmethod
+    def of(cls, context: Any, *, symbolic: bool) -> "GraphFacts":
+        """The facts a graph compiled under ``context`` (a ``CompileContext``) starts with."""
+        return cls(symbolic=symbolic, platform=context.platform.name,
+                   fallback_random=context.config.fallback_random)
 
     @property
     def real_length_exprs(self) -> list[sympy.Expr]:
@@ -98,6 +107,14 @@ def _attention(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphMod
     return decompose_attention(gm, facts.padded, _lengths(gm, facts))
 
 
+def _device_random(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return device_random(gm)
+
+
+def _unless_fallback_random(facts: GraphFacts) -> Optional[str]:
+    return "fallback_random: random ops draw from torch's generator, in eager" if facts.fallback_random else None
+
+
 def _hoist_sizes(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
     return hoist_sizes(gm)
 
@@ -127,6 +144,10 @@ STAGES: tuple[Stage, ...] = (
     # Right after the analysis, which accepts these ops because of this rewrite.
     Stage("padded_positions", _padded_positions, _only_symbolic("static shapes: nothing is padded")),
     Stage("attention", _attention),
+    # After the padding analysis (which keeps dims a random op draws over
+    # unpadded) and attention (whose dropout it draws); it appends the seed
+    # input after every valid_<size> input.
+    Stage("device_random", _device_random, _unless_fallback_random),
     Stage("hoist_sizes", _hoist_sizes, _only_symbolic("static shapes: every size is a constant")),
     Stage("small_convolutions_as_matmuls", _small_convolutions, _static_cpu),
 )

@@ -39,8 +39,10 @@ from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.symbolic import lower_symbolic
+from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.padding_safety import PaddingAnalysis
 from tpu_inductor.passes.real_lengths import real_values
+from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.passes.partition import Island, fuse_islands, settle_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
@@ -66,14 +68,15 @@ class DynamicShapeGraph:
         self.context = context
         self.policy = BucketPolicy.from_config(context.config)
         # The graph as traced, for calls past the budget (and nothing else).
-        self._eager = _copy_module(gm)
+        self._eager = runnable_copy(gm)
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         self.shape_env = shape_env_of([n.meta.get("val") for n in placeholders])
 
-        facts = GraphFacts(symbolic=True, platform=context.platform.name)
+        facts = GraphFacts.of(context, symbolic=True)
         gm = run_stages(gm, facts)
         self.analysis: PaddingAnalysis = facts.analysis
         self._real_lengths: list[sympy.Expr] = facts.real_length_exprs
+        self._seed_device: Optional[torch.device] = gm.meta.get(SEED_META)
         self.binding = ShapeBinding(placeholders, gm.graph.output_node().args[0], self.analysis.safe)
         self.symbols = self.binding.symbols
 
@@ -124,6 +127,8 @@ class DynamicShapeGraph:
         self.dynamic_record.device_calls += 1
         padded = self.binding.pad(call_args, bucket)
         padded += real_values(self._real_lengths, sizes)
+        if self._seed_device is not None:  # after the valid_<size> inputs, as device_random appends it
+            padded.append(draw_seed(self._seed_device))
         self._state.key = key
         outputs = self.module.forward(*padded)  # without nn.Module's hook dispatch
         return self.binding.unpad(outputs, sizes, call_args)
@@ -287,11 +292,3 @@ class DynamicShapeGraph:
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:
         self._island(probe, None).prepare(key, bucket)
-
-
-def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A runnable copy of ``gm`` that later passes on ``gm`` cannot touch."""
-    graph = torch.fx.Graph()
-    output = graph.graph_copy(gm.graph, {})
-    graph.output(output)
-    return torch.fx.GraphModule(gm, graph)

@@ -106,3 +106,11 @@ def inline_replacement(
             user.replace_all_uses_with(outputs[user.args[1]])
             graph.erase_node(user)
     graph.erase_node(node)
+
+
+def runnable_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A runnable copy of ``gm`` that later passes on ``gm`` cannot touch."""
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    return torch.fx.GraphModule(gm, graph)
