@@ -45,14 +45,19 @@ def _convolution_backward(
 ) -> Gradients:
     """Grouped backwards (any rank) by kernel taps; ungrouped 1-d ones as 2-d.
 
-    torch-mlir lowers the ungrouped 2-d backward with static shapes (left as
-    it is: that returns ``NotImplemented``; with dynamic ones its transposed
-    convolution fails to legalize, so those go by taps too) but rejects grouped ones ("operand and result must have
+    torch-mlir lowers the ungrouped, undilated 2-d backward with static shapes (left as
+    it is: that returns ``NotImplemented``; with dynamic ones, 3-d ones or
+    dilated ones it fails to legalize, so those go by taps too) but rejects grouped ones ("operand and result must have
     the same size", or XLA's "input feature dimension ... multiple of
     feature_group_count") and has no 1-d backward at all.
     """
     dynamic = any(isinstance(size, torch.SymInt) for size in (*input.shape, *grad_output.shape))
-    if (groups > 1 or (dynamic and not transposed)) and input.dim() >= 3:
+    # torch-mlir's own ungrouped backward covers 2-d undilated convolutions
+    # only: a 3-d one, or a dilated 2-d one, failed to legalize its
+    # ``torch.constant.int`` sizes (torch-mlir's e2e
+    # ConvolutionBackwardModule3DStatic / 2DDilated), so those go by taps too.
+    beyond_torch_mlir = not transposed and (input.dim() > 4 or (input.dim() == 4 and any(d != 1 for d in dilation)))
+    if (groups > 1 or (dynamic and not transposed) or beyond_torch_mlir) and input.dim() >= 3:
         if transposed:
             return _grouped_transposed_backward(
                 grad_output, input, weight, stride, padding, dilation, groups, output_mask

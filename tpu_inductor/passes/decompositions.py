@@ -14,10 +14,12 @@ from typing import Callable
 
 import torch
 
+from tpu_inductor.passes.adaptive_pools import ADAPTIVE_POOL_DECOMPOSITIONS
 from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.passes.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
 from tpu_inductor.passes.exact_values import EXACT_VALUE_DECOMPOSITIONS
 from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
+from tpu_inductor.passes.mask_index_put_as_where import MASK_INDEX_PUT_DECOMPOSITIONS
 from tpu_inductor.passes.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
 from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
 from tpu_inductor.passes.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
@@ -73,11 +75,14 @@ def _broadcast_shift(tensor_op):
     when both need broadcasting (``[5, 1] << [5]``), and MLIR aborts the whole
     process on it (``LLVM ERROR: Failed to infer result type``). Equal shapes
     (or a 0-d amount) lower fine, so only the broadcasting case is rewritten;
-    the inner call has equal shapes and is left alone.
+    the inner call has equal shapes and is left alone. A 0-d amount is
+    expanded too when ``a`` has a symbolic size: torch-mlir broadcasts it
+    with a static ``broadcast_in_dim``, which StableHLO's verifier rejects.
     """
 
     def shift(a, amount):
-        if a.shape == amount.shape or amount.dim() == 0:
+        symbolic = any(isinstance(size, torch.SymInt) for size in a.shape)
+        if a.shape == amount.shape or (amount.dim() == 0 and not symbolic):
             return NotImplemented
         shape = torch.broadcast_shapes(a.shape, amount.shape)
         return tensor_op(a.expand(shape), amount.expand(shape))
@@ -204,10 +209,11 @@ def _unfold_by_gather(x, dimension: int, size: int, step: int):
     decomposition is an ``as_strided``. Window ``w`` holds elements
     ``w * step + [0, size)`` of ``dimension``; gathering them in window order
     and moving the window elements last gives eager's layout
-    ``(..., windows, ..., size)``.
+    ``(..., windows, ..., size)``. A 0-d ``x`` unfolds as one element
+    (eager: ``size`` 1 gives ``[x]``, ``size`` 0 an empty ``[0]``).
     """
     if x.dim() == 0:
-        return NotImplemented
+        return x.reshape(1)[:size] if size in (0, 1) else NotImplemented
     dim = dimension % x.dim()
     windows = (x.shape[dim] - size) // step + 1
     positions = window_positions(windows, step, size, 1, x.device)
@@ -379,6 +385,8 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table.update(POOLING_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)
     table.update(MISSING_LOWERING_DECOMPOSITIONS)
+    table.update(ADAPTIVE_POOL_DECOMPOSITIONS)
+    table.update(MASK_INDEX_PUT_DECOMPOSITIONS)
     table.update(FAST_PATH_DECOMPOSITIONS)
     table.update(quantize_decompositions())
     table.update(_inductor_prims())

@@ -5,23 +5,49 @@ e2e suite, ``benchmarks/torch_mlir_e2e.py``):
 
 * ``cumprod``: PyTorch's decomposition is ``prims.prod`` over growing
   prefixes, which does not lower either; here it is a scan by doubling;
-* ``adaptive_max_pool2d``: torch-mlir's conversion fails ("condition must
-  be true"); PyTorch's own decomposition (a max over gathered windows)
-  lowers, indices included;
 * ``as_strided_scatter`` (the backward of every ``as_strided``): torch-mlir
   cannot legalize its integer arguments; here an ``index_put`` at the
   storage positions it writes;
 * ``scatter_reduce`` (``sum``, ``prod``, ``mean``, ``amax``, ``amin``; 20 of
   torch-mlir's own e2e tests): torch-mlir cannot legalize its flags; here a
   reduction over a one-hot comparison of the index with every target
-  position, while that comparison stays small.
+  position, while that comparison stays small;
+* ``logcumsumexp``: torch-mlir lowers it as ``log(cumsum(exp(x)))``, which
+  overflows (``[100., 50.]`` gave ``inf``), so it ran in eager; here a scan
+  by doubling with eager's own stable ``log(1 + exp(min - max)) + max`` step;
+* ``norm`` over every dim (``norm.Scalar``, ``norm.ScalarOpt_dim`` with
+  ``dim=[]``): torch-mlir cannot legalize its ``p``; it is
+  ``linalg_vector_norm`` (eager's ``norm`` calls that kernel), which lowers;
+* ``upsample_nearest{1,2,3}d_backward``: torch-mlir cannot legalize its
+  sizes; here an ``index_add`` of the gradient at each output position's
+  source index, computed with eager's float32 arithmetic, one dim at a time;
+* a handful of argument corners torch-mlir cannot legalize, each rewritten
+  into the same op without it: ``erf`` of integers (computed in the float
+  eager returns), ``clamp`` of integers by float bounds (promoted first, as
+  eager does), ``index_select`` by a 0-d index (a 1-element one),
+  ``embedding``'s backward-only flags (the forward ignores them),
+  ``prims.prod`` (``prod`` one dim at a time, as its own eager kernel),
+  ``conv_tbc`` (a 1-d convolution), ``trace`` of an empty matrix (zero),
+  ``_trilinear`` sized to no elements (that empty tensor), integer
+  ``scatter_reduce`` ``mean`` (eager floors the quotient) and ``_int_mm``
+  of mixed-sign 8-bit operands (an int32 matmul);
+* ``_embedding_bag`` (and ``_forward_only``) in ``sum`` mode on eager's
+  float32 fast path: an ``index_add`` of the looked-up rows at each index's
+  bag, with the auxiliary outputs that path returns (an empty
+  ``offset2bag``, zero ``bag_size`` and ``max_indices``);
+* transposed convolutions with an ``output_padding`` above 1: torch-mlir
+  inferred an output one row short and one column long ("inferred shape
+  '[1, 1, 197, 227]' is incompatible with ... 198x226"); here the forward
+  convolution of the stride-spread, padded input with the flipped kernel.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 aten = torch.ops.aten
@@ -53,6 +79,309 @@ def _cumprod_by_doubling(x: torch.Tensor, dim: int, dtype=None) -> torch.Tensor:
         out = out * shifted
         shift *= 2
     return out
+
+
+def _log_add_exp(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Eager's ``_log_add_exp_helper`` (``ReduceOpsKernel.cpp``), elementwise.
+
+    ``log1p(exp(min - max)) + max`` never exponentiates a positive number, so
+    it cannot overflow; NaN in either propagates (``minimum``/``maximum`` do,
+    as its ``isnan(y) ? y : std::min(x, y)`` does), and two equal infinities
+    give ``x``, where the formula would give NaN.
+    """
+    low, high = torch.minimum(x, y), torch.maximum(x, y)
+    combined = torch.log1p(torch.exp(low - high)) + high
+    return torch.where((low != high) | torch.isfinite(low), combined, x)
+
+
+def _logcumsumexp_by_doubling(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``logcumsumexp`` as ``log2(n)`` log-add-exps with the running result
+    shifted by 1, 2, 4, ... positions (Hillis-Steele, as :func:`_cumprod_by_doubling`).
+
+    The shifted-in positions are ``-inf``, which the step maps to the other
+    operand exactly. Eager adds in sequence; this adds in a tree: a few ulps
+    apart. Half-precision inputs are scanned in float32 and rounded once, as
+    eager's kernel accumulates them in float32. Only real floating inputs
+    with a static length (eager rejects integers).
+    """
+    if not x.is_floating_point() or x.dim() == 0:
+        return NotImplemented
+    dim = dim % x.dim()
+    length = x.shape[dim]
+    if not isinstance(length, int):
+        return NotImplemented  # symbolic length: the op itself (runs eagerly)
+    out = x.to(torch.promote_types(x.dtype, torch.float32))
+    shift = 1
+    while shift < length:
+        pad_shape = list(out.shape)
+        pad_shape[dim] = shift
+        shifted = torch.cat([out.new_full(pad_shape, float("-inf")), out.narrow(dim, 0, length - shift)], dim)
+        out = _log_add_exp(shifted, out)
+        shift *= 2
+    return out.to(x.dtype)
+
+
+def _norm_as_vector_norm(x: torch.Tensor, p=2, dim=None, keepdim: bool = False):
+    """``norm(x, p)`` over every dim as ``linalg_vector_norm(x, p)``, eager's own kernel for it.
+
+    Real floating inputs only (complex ones have no device path anyway);
+    ``norm`` over named dims already lowers and keeps the op.
+    """
+    if not x.is_floating_point() or (dim is not None and len(dim) > 0):
+        return NotImplemented
+    return aten.linalg_vector_norm.default(x, 2 if p is None else p, None, keepdim)
+
+
+def _nearest_sources(in_size: int, out_size: int, scale: Optional[float], device) -> torch.Tensor:
+    """Eager's ``nearest_idx`` (``UpSample.h``) for output positions ``0..out-1``.
+
+    Equal sizes map one to one and doubled sizes by ``j >> 1`` (whatever the
+    scale); otherwise ``min(floorf(j * s), in - 1)`` with ``s`` the float32
+    ``1 / scale`` (or ``in / out`` without one) and the product in float32,
+    as eager computes it: the same rounding, so the same source indices.
+    """
+    positions = torch.arange(out_size, device=device)
+    if out_size == in_size:
+        return positions
+    if out_size == 2 * in_size:
+        return positions // 2
+    if scale is not None and scale > 0:
+        factor = float(np.float32(1.0 / scale))
+    else:
+        factor = float(np.float32(in_size) / np.float32(out_size))
+    product = positions.to(torch.float32) * factor  # the float32 factor is exact as a Python float
+    return product.floor().to(torch.int64).clamp_max(in_size - 1)
+
+
+# floorf(j * s) in float32 is exact for integer j below 2^24.
+_MAX_NEAREST_POSITIONS = 1 << 24
+
+
+def _upsample_nearest_backward(spatial: int):
+    """``upsample_nearest{spatial}d_backward`` as one ``index_add`` per spatial dim.
+
+    The gradient of input position ``i`` is the sum of the output gradients
+    whose source index is ``i``; summed one dim at a time (the sum is
+    separable), in another order than eager's loop: a few ulps. Half types
+    accumulate in float32 and round once, as eager's kernel does.
+    """
+
+    def decomposition(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int], *scales):
+        sizes = [*output_size, *input_size, *grad_output.shape]
+        if not grad_output.is_floating_point() or not all(isinstance(v, int) for v in sizes):
+            return NotImplemented
+        if len(output_size) != spatial or len(input_size) != spatial + 2 or max(output_size) >= _MAX_NEAREST_POSITIONS:
+            return NotImplemented
+        scales = list(scales) + [None] * (spatial - len(scales))
+        grad = grad_output.to(torch.promote_types(grad_output.dtype, torch.float32))
+        for j in range(spatial):
+            dim = 2 + j
+            sources = _nearest_sources(input_size[dim], output_size[j], scales[j], grad.device)
+            shape = list(grad.shape)
+            shape[dim] = input_size[dim]
+            grad = grad.new_zeros(shape).index_add(dim, sources, grad)
+        return grad.to(grad_output.dtype)
+
+    return decomposition
+
+
+def _integer_erf(x: torch.Tensor) -> torch.Tensor:
+    """``erf`` of an integer or bool tensor: eager promotes it to the default float first."""
+    if x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    return aten.erf.default(x.to(torch.get_default_dtype()))
+
+
+def _clamp_integers_by_floats(x: torch.Tensor, min=None, max=None) -> torch.Tensor:
+    """``clamp(int_tensor, -2.5, 2.5)``: eager's result is float (type promotion), so
+    clamp the promoted tensor; torch-mlir rejected the mixed operands."""
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        return NotImplemented
+    dtype = x.dtype
+    for bound in (min, max):
+        if bound is not None:
+            dtype = torch.promote_types(dtype, torch.result_type(x, bound))
+    if dtype == x.dtype:
+        return NotImplemented
+    return aten.clamp.default(x.to(dtype), min, max)
+
+
+def _index_select_by_scalar(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """A 0-d index selects as a 1-element one (eager keeps the dim, of size 1)."""
+    if index.dim() != 0:
+        return NotImplemented
+    return aten.index_select.default(x, dim, index.reshape(1))
+
+
+def _embedding_without_backward_flags(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """``scale_grad_by_freq`` and ``sparse`` change only the gradient (autograd
+    reads them from the op it differentiates, above this table); the forward
+    is the plain lookup."""
+    if not (scale_grad_by_freq or sparse):
+        return NotImplemented
+    return aten.embedding.default(weight, indices, padding_idx)
+
+
+def _prims_prod(x: torch.Tensor, dims, *, output_dtype=None) -> torch.Tensor:
+    """``prims.prod`` as its eager implementation (``torch._prims._prod_aten``):
+    ``prod`` over one dim at a time, last first. Within a dim the device
+    multiplies in its own order: an ulp or two from eager."""
+    if dims is None:
+        return torch.prod(x, dtype=output_dtype)
+    if len(dims) == 0:
+        return x.clone()
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, d, dtype=output_dtype)
+    return x
+
+
+def _conv_tbc_as_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pad: int = 0):
+    """``conv_tbc`` (time, batch, channel) as a 1-d convolution of ``[B, C, T]``.
+
+    Eager sums ``bias + sum_k x[t + k - pad] @ w[k]`` (one matmul per tap);
+    the convolution sums the same products in another order: a few ulps.
+    """
+    out = aten.convolution.default(
+        x.permute(1, 2, 0), weight.permute(2, 1, 0), bias, [1], [pad], [1], False, [0], 1
+    )
+    return out.permute(2, 0, 1)
+
+
+def _empty_trace(x: torch.Tensor) -> torch.Tensor:
+    """``trace`` of a matrix with no diagonal: zero, in the dtype eager sums into
+    (torch-mlir could not gather by the empty index of the diagonal). Any
+    other matrix keeps PyTorch's decomposition (the sum of the diagonal),
+    which this entry replaces in the table."""
+    if x.dim() != 2 or not all(isinstance(n, int) for n in x.shape) or min(x.shape) != 0:
+        return torch._decomp.decomposition_table[aten.trace.default](x)
+    dtype = x.dtype if x.is_floating_point() or x.is_complex() else torch.int64
+    return x.new_zeros((), dtype=dtype)
+
+
+def _mixed_sign_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``_int_mm`` of a uint8 and an int8 operand as an int32 matmul of both widened.
+
+    torch-mlir's matmul rejects operands of different element types. Eager
+    reads each operand with its own signedness and accumulates in int32;
+    widening first is exactly that (integer sums are exact in any order).
+    Same-dtype operands keep the op, which lowers.
+    """
+    if a.dtype == b.dtype or {a.dtype, b.dtype} != {torch.int8, torch.uint8}:
+        return NotImplemented
+    return torch.mm(a.to(torch.int32), b.to(torch.int32))
+
+
+def _embedding_bag_sum(forward_only: bool):
+    """``_embedding_bag(weight, indices, offsets, ..., mode=0)`` as an ``index_add``.
+
+    Bag ``b`` sums the rows of ``indices[offsets[b]:offsets[b + 1]]`` (the
+    last bag runs to the end, or, with ``include_last_offset``, the last
+    offset closes it); index ``j`` is in bag ``#{b : offsets[b] <= j} - 1``.
+    Only the case eager's CPU kernel runs on its fast path (float32 rows of
+    unit stride, no per-sample weights, no padding index), whose other
+    outputs are fixed: ``offset2bag`` empty, ``bag_size`` and
+    ``max_indices`` zeros, shaped as its meta function says. Mean and max
+    bags, and every other case, keep the op. Sums of a bag's rows in another
+    order than eager's: a few ulps.
+    """
+
+    def decomposition(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                      per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+        fast_path = (
+            mode == 0 and per_sample_weights is None and (padding_idx is None or padding_idx < 0)
+            and weight.dtype == torch.float32 and weight.dim() == 2 and weight.stride(1) == 1
+            and indices.dim() == 1 and offsets.dim() == 1
+        )
+        if not fast_path or not all(isinstance(n, int) for n in (*weight.shape, *indices.shape, *offsets.shape)):
+            return NotImplemented
+        bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+        if bags < 0 or (forward_only and include_last_offset):
+            # forward_only's max_indices with include_last_offset: eager's has
+            # one more row than its meta function says; keep the op.
+            return NotImplemented
+        positions = torch.arange(indices.shape[0], device=indices.device)
+        starts = offsets[:bags] if include_last_offset else offsets
+        bag = (starts.unsqueeze(0) <= positions.unsqueeze(1)).sum(1) - 1  # [J]
+        inside = bag >= 0
+        if include_last_offset:
+            inside = inside & (positions < offsets[bags])
+        rows = torch.where(inside.unsqueeze(1), weight.index_select(0, indices), 0)
+        output = weight.new_zeros((bags, weight.shape[1])).index_add(0, bag.clamp_min(0), rows)
+        offset2bag = offsets.new_zeros((0,))
+        bag_size = offsets.new_zeros((offsets.shape[0] if forward_only else bags,))
+        max_indices = offsets.new_zeros((bags,))
+        return output, offset2bag, bag_size, max_indices
+
+    return decomposition
+
+
+def _transposed_convolution_as_forward(x, weight, bias, stride, padding, dilation, transposed: bool,
+                                       output_padding, groups: int):
+    """A transposed convolution as the convolution eager's own math is equivalent to.
+
+    ``conv_transpose(x, w)`` along a dim of input length ``L`` is the forward
+    convolution (stride 1, same dilation ``d``) of ``x`` spread by the stride
+    (``s - 1`` zeros between elements: length ``(L - 1) * s + 1``), padded by
+    ``d * (k - 1) - p`` in front and that plus ``output_padding`` behind
+    (negative amounts crop), with the kernel flipped and its channel dims
+    swapped. Only ungrouped calls with an ``output_padding`` above 1, the
+    ones torch-mlir sized wrongly; the products are summed in another order
+    than oneDNN's: a few ulps.
+    """
+    if not transposed or groups != 1 or max(output_padding, default=0) <= 1 or x.dim() < 3:
+        return NotImplemented
+    if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)):
+        return NotImplemented
+    spatial = x.dim() - 2
+    spread = x
+    for j in range(spatial):
+        dim, every = 2 + j, stride[j]
+        if every > 1:  # s - 1 zeros after each element, then drop the trailing ones
+            zeros = [0, 0] * (spatial - j - 1) + [0, every - 1]
+            spread = torch.nn.functional.pad(spread.unsqueeze(dim + 1), zeros).flatten(dim, dim + 1)
+            spread = spread.narrow(dim, 0, (x.shape[dim] - 1) * every + 1)
+    pads: list[int] = []
+    for j in reversed(range(spatial)):
+        dim = 2 + j
+        front = dilation[j] * (weight.shape[dim] - 1) - padding[j]
+        back = front + output_padding[j]
+        if front < 0 or back < 0:  # crop first: pad amounts stay non-negative
+            length = spread.shape[dim] - max(-front, 0) - max(-back, 0)
+            spread = spread.narrow(dim, max(-front, 0), length)
+        pads += [max(front, 0), max(back, 0)]
+    spread = torch.nn.functional.pad(spread, pads)
+    kernel = weight.flip(list(range(2, weight.dim()))).transpose(0, 1)
+    return aten.convolution.default(
+        spread, kernel, bias, [1] * spatial, [0] * spatial, list(dilation), False, [0] * spatial, 1
+    )
+
+
+def _empty_trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim: int = 1):
+    """``_trilinear`` whose output eager sizes to zero elements: that empty tensor.
+
+    Eager takes each output dim's size from the last input that is not
+    expanded there, so a dim all three expand is 0 (torch-mlir's e2e
+    ``Aten_TrilinearModuleZerodDimBug``; torch-mlir refuses it on purpose).
+    Any other call keeps the op, which lowers.
+    """
+    total = i1.dim() + len(expand1)
+    expands = [set(d % total for d in e) for e in (expand1, expand2, expand3)]
+    summed = set(d % total for d in sumdim)
+    inputs = [i1, i2, i3]
+    for k, t in enumerate(inputs):
+        for d in sorted(expands[k]):
+            t = t.unsqueeze(d)
+        inputs[k] = t
+    sizes = []
+    for d in range(total):
+        size = 0
+        for k in range(3):
+            if d not in expands[k]:
+                size = inputs[k].shape[d]
+        sizes.append(1 if d in summed else size)
+    if not all(isinstance(n, int) for n in sizes) or 0 not in sizes:
+        return NotImplemented
+    return i1.new_zeros([n for d, n in enumerate(sizes) if d not in summed])
 
 
 # Positions are listed and checked for overlap in Python, at trace time: a bound on that work.
@@ -91,10 +420,11 @@ def _scatter_reduce_by_one_hot(x, dim: int, index, src, reduce: str, *, include_
 
     Only the block of ``x`` the index spans is touched (its other dims may
     be smaller than ``x``'s). ``mean`` counts ``x``'s own value when
-    ``include_self``, as eager does; integer ``mean`` (eager floors) stays the op.
+    ``include_self``, as eager does; integer ``mean`` floors the quotient, as
+    eager's ``div_(count, "floor")``.
     """
     dim = dim % max(x.dim(), 1)
-    if x.dim() == 0 or index.dim() != x.dim() or (reduce == "mean" and not x.is_floating_point()):
+    if x.dim() == 0 or index.dim() != x.dim() or (reduce == "mean" and (x.is_complex() or x.dtype == torch.bool)):
         return NotImplemented
     shapes = (*x.shape, *index.shape)
     targets = x.shape[dim]
@@ -121,18 +451,26 @@ def _scatter_reduce_by_one_hot(x, dim: int, index, src, reduce: str, *, include_
         combined = {
             "sum": lambda: region + reduced,
             "prod": lambda: region * reduced,
-            "mean": lambda: (region + reduced) / (count + 1).to(x.dtype),
+            "mean": lambda: _mean_quotient(region + reduced, count + 1),
             "amax": lambda: torch.maximum(region, reduced),
             "amin": lambda: torch.minimum(region, reduced),
         }[reduce]()
     else:
         if reduce == "mean":
-            reduced = reduced / count.clamp_min(1).to(x.dtype)
+            reduced = _mean_quotient(reduced, count.clamp_min(1))
         combined = torch.where(count > 0, reduced, region)
     out = combined.movedim(-1, dim)
     if tuple(index.shape[d] for d in range(x.dim()) if d != dim) == tuple(x.shape[d] for d in range(x.dim()) if d != dim):
         return out
     return x.clone().index_put(_block_indices(index.shape, dim, targets, x.device), out)
+
+
+def _mean_quotient(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``total / count`` in ``total``'s dtype: true division for floats, floor
+    division for integers (eager's ``scatter_reduce`` mean)."""
+    if total.is_floating_point():
+        return total / count.to(total.dtype)
+    return torch.div(total, count.to(total.dtype), rounding_mode="floor")
 
 
 def _block_indices(shape, dim: int, targets: int, device) -> list[torch.Tensor]:
@@ -156,7 +494,24 @@ def _highest(dtype: torch.dtype):
 
 MISSING_LOWERING_DECOMPOSITIONS: dict = {
     aten.cumprod.default: _cumprod_by_doubling,
-    aten.adaptive_max_pool2d.default: torch._decomp.decomposition_table[aten.adaptive_max_pool2d.default],
     aten.as_strided_scatter.default: _as_strided_scatter_by_index_put,
     aten.scatter_reduce.two: _scatter_reduce_by_one_hot,
+    aten.logcumsumexp.default: _logcumsumexp_by_doubling,
+    aten.norm.Scalar: _norm_as_vector_norm,
+    aten.norm.ScalarOpt_dim: _norm_as_vector_norm,
+    aten.upsample_nearest1d_backward.default: _upsample_nearest_backward(1),
+    aten.upsample_nearest2d_backward.default: _upsample_nearest_backward(2),
+    aten.upsample_nearest3d_backward.default: _upsample_nearest_backward(3),
+    aten.erf.default: _integer_erf,
+    aten.clamp.default: _clamp_integers_by_floats,
+    aten.index_select.default: _index_select_by_scalar,
+    aten.embedding.default: _embedding_without_backward_flags,
+    torch.ops.prims.prod.default: _prims_prod,
+    aten.conv_tbc.default: _conv_tbc_as_convolution,
+    aten.trace.default: _empty_trace,
+    aten._int_mm.default: _mixed_sign_int_mm,
+    aten._embedding_bag.default: _embedding_bag_sum(forward_only=False),
+    aten._embedding_bag_forward_only.default: _embedding_bag_sum(forward_only=True),
+    aten.convolution.default: _transposed_convolution_as_forward,
+    aten._trilinear.default: _empty_trilinear,
 }
