@@ -23,6 +23,7 @@ from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_gra
 from tpu_inductor.config import Config, check_mode
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.errors import TpuInductorError
+from tpu_inductor.lowering.pipelines import start_worker
 from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.in_place_updates import in_place_update_reason
 from tpu_inductor.passes.rewrite import runnable_copy
@@ -42,6 +43,8 @@ def tpu_backend(
     (:data:`~tpu_inductor.config.COMPILE_MODES` says what each mode means here)."""
     check_mode(mode)
     context = CompileContext.create(Config.load(options), example_inputs)
+    if context.config.isolate_lowering:
+        start_worker()  # its start overlaps tracing (lowering/pipelines.py)
     dims = dynamic_dims(gm)
     dynamo_trace = report.record_trace(dims, recompile_reason())
     hooks.on_dynamo_graph(gm, dynamo_trace, context.config.report_dir)

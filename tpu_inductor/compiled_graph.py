@@ -299,7 +299,11 @@ def _compile_island(
 ) -> tuple[DeviceExecutable, report.IslandRecord]:
     """One island through both levels of the disk cache: ATen graph -> StableHLO -> executable."""
     lowered, lower_stats = lower_cached(
-        island.graph, context.disk_cache, name="main", for_cpu=context.platform.name == "cpu"
+        island.graph,
+        context.disk_cache,
+        name="main",
+        for_cpu=context.platform.name == "cpu",
+        isolate=context.config.isolate_lowering,
     )
     loaded, stats = compile_stablehlo(
         lowered.module,
@@ -331,4 +335,5 @@ def _compile_island(
 
 def _probe_lowers(probe: Island, context: CompileContext) -> None:
     """Lower and compile ``probe`` (uncached); raises what torch-mlir or XLA raised."""
-    compile_stablehlo(lower_to_stablehlo(probe.graph).module, context.platform, None)
+    lowered = lower_to_stablehlo(probe.graph, isolate=context.config.isolate_lowering)
+    compile_stablehlo(lowered.module, context.platform, None)

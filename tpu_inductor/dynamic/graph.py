@@ -286,7 +286,7 @@ class DynamicShapeGraph:
         return fused, list(islands.values())
 
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:
-        lowered = lower_symbolic(island.graph)
+        lowered = lower_symbolic(island.graph, isolate=self.context.config.isolate_lowering)
         self.dynamic_record.lowerings += record is not None
         return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record)
 

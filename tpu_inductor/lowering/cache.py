@@ -132,7 +132,12 @@ def graph_key(gm: torch.fx.GraphModule, name: str = "main", for_cpu: bool = Fals
 
 
 def lower_cached(
-    gm: torch.fx.GraphModule, disk_cache: Optional[DiskCache], name: str = "main", *, for_cpu: bool = False
+    gm: torch.fx.GraphModule,
+    disk_cache: Optional[DiskCache],
+    name: str = "main",
+    *,
+    for_cpu: bool = False,
+    isolate: bool = True,
 ) -> tuple[LoweredModule, LowerStats]:
     """StableHLO for ``gm`` (see :func:`lower_to_stablehlo`): from the graph cache, or lowered now and stored."""
     started = time.perf_counter()
@@ -144,7 +149,7 @@ def lower_cached(
             input_specs, output_specs = graph_specs(gm)
             lowered = LoweredModule(lookup.value, input_specs, output_specs)
             return lowered, LowerStats("disk", time.perf_counter() - started, key.digest)
-    lowered = lower_to_stablehlo(gm, name=name, for_cpu=for_cpu)
+    lowered = lower_to_stablehlo(gm, name=name, for_cpu=for_cpu, isolate=isolate)
     seconds = time.perf_counter() - started
     if key is not None:
         disk_cache.store(

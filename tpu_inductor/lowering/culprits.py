@@ -23,7 +23,8 @@ import torch
 import torch.fx
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
-from tpu_inductor.lowering.stablehlo import IslandLoweringError, failure_reason
+from tpu_inductor.lowering.pipelines import IslandLoweringError
+from tpu_inductor.lowering.stablehlo import failure_reason
 from tpu_inductor.lowering.support import SupportTable, op_key
 from tpu_inductor.passes.partition import Island
 

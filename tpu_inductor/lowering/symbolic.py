@@ -21,7 +21,7 @@ import time
 import torch
 import torch.fx
 
-from tpu_inductor.lowering.stablehlo import _BACKEND_TO_STABLEHLO, _TORCH_TO_BACKEND, _run_pipeline
+from tpu_inductor.lowering.pipelines import to_stablehlo
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
@@ -36,8 +36,9 @@ class SymbolicModule:
     seconds: float
 
 
-def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main") -> SymbolicModule:
-    """Lower ``gm`` (tensor and SymInt placeholders, tensor outputs) once."""
+def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main", *, isolate: bool = True) -> SymbolicModule:
+    """Lower ``gm`` (tensor and SymInt placeholders, tensor outputs) once;
+    ``isolate``: torch-mlir's pipelines in the helper process (pipelines.py)."""
     from torch_mlir import fx as torch_mlir_fx
 
     started = time.perf_counter()
@@ -46,10 +47,9 @@ def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main") -> SymbolicModu
         i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _SYMBOLIC)
     )
     module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
-    _run_pipeline(module, _TORCH_TO_BACKEND, "FX -> Torch backend IR (dynamic shapes)")
-    _run_pipeline(module, _BACKEND_TO_STABLEHLO, "Torch backend IR -> StableHLO (dynamic shapes)")
+    lowered = to_stablehlo(module, isolate=isolate, fix_compares=False, text=True, label=" (dynamic shapes)")
     return SymbolicModule(
-        text=module.operation.get_asm(),
+        text=lowered["text"],
         scalar_positions=scalars,
         seconds=time.perf_counter() - started,
     )

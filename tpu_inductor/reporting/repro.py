@@ -92,11 +92,11 @@ print("compiled")
 
 
 def _lowering_pipeline(stage: str) -> Optional[str]:
-    from tpu_inductor.lowering import stablehlo
+    from tpu_inductor.lowering import pipelines
 
     return {
-        "FX -> Torch backend IR": stablehlo._TORCH_TO_BACKEND,
-        "Torch backend IR -> StableHLO": stablehlo._BACKEND_TO_STABLEHLO,
+        "FX -> Torch backend IR": pipelines.TORCH_TO_BACKEND,
+        "Torch backend IR -> StableHLO": pipelines.BACKEND_TO_STABLEHLO,
     }.get(stage)
 
 
@@ -112,7 +112,7 @@ def write_bundle(island: Any, error: Exception, context: Any, graph: record.Grap
 
     Never raises: the bundle is a courtesy, the fallback is what the user needs.
     """
-    from tpu_inductor.lowering.stablehlo import IslandLoweringError
+    from tpu_inductor.lowering.pipelines import IslandLoweringError
     from tpu_inductor.reporting import trace
 
     lowering = isinstance(error, IslandLoweringError)

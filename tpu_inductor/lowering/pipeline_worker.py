@@ -1,0 +1,102 @@
+"""torch-mlir's pass pipelines and our StableHLO fix-ups, in this process or
+as the helper process of pipelines.py (``python -m tpu_inductor.lowering.pipeline_worker``).
+
+The helper imports no torch: only torch-mlir's MLIR bindings and the
+fix-up modules, which need nothing else (about 0.5 s).
+Messages on stdin and stdout are 8-byte big-endian lengths and pickles:
+
+* in: ``{"module": <MLIR bytecode>, "pipelines": [(pipeline, stage), ...],
+  "fix_compares": bool, "for_cpu": bool, "text": bool}``
+* out: ``{"bytecode": <StableHLO bytecode>, "text": <its text, if asked>}``,
+  or ``{"stage": ..., "diagnostics": [...], "ir": <the IR before that stage>}``.
+
+An abort inside MLIR (``LLVM ERROR: ...``) ends this process; the parent sees
+its stdout close and reports the crash as a lowering failure.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import sys
+from typing import Any, BinaryIO, Optional
+
+_LENGTH = struct.Struct(">Q")
+
+
+def read_message(stream: BinaryIO) -> Optional[Any]:
+    """The next message, or None when the other side closed the pipe."""
+    header = stream.read(_LENGTH.size)
+    if len(header) < _LENGTH.size:
+        return None
+    (size,) = _LENGTH.unpack(header)
+    payload = stream.read(size)
+    if len(payload) < size:
+        return None
+    return pickle.loads(payload)
+
+
+def write_message(stream: BinaryIO, message: Any) -> None:
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LENGTH.pack(len(payload)) + payload)
+    stream.flush()
+
+
+def lower(module: Any, pipelines: list[tuple[str, str]], *, fix_compares: bool, for_cpu: bool) -> Optional[dict]:
+    """Run each pipeline on ``module`` in place, then the fix-ups; the failure message, or None."""
+    from torch_mlir.passmanager import PassManager
+
+    for pipeline, stage in pipelines:
+        diagnostics: list[str] = []
+
+        def collect(diagnostic: Any) -> bool:
+            diagnostics.append(str(diagnostic.message))
+            diagnostics.extend(str(note.message) for note in diagnostic.notes)
+            return True  # handled: keep it off stderr
+
+        ir_before = module.operation.get_asm(large_elements_limit=16)
+        context = module.context
+        handler = context.attach_diagnostic_handler(collect)
+        try:
+            with context:
+                # Without this, some passes report errors but not failure (torch-mlir #3506).
+                context.emit_error_diagnostics = True
+                PassManager.parse(pipeline).run(module.operation)
+        except Exception as exc:  # noqa: BLE001 - MLIR raises a plain Exception subclass
+            return {"stage": stage, "diagnostics": diagnostics or [str(exc)], "ir": ir_before}
+        finally:
+            handler.detach()
+    if fix_compares:
+        from tpu_inductor.lowering.compare_types import fix_unsigned_compares
+
+        fix_unsigned_compares(module)
+    if for_cpu:
+        from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
+
+        arrange_dot_operands(module)
+    return None
+
+
+def finished(module: Any, text: bool) -> dict:
+    """The reply for a lowered ``module``: its bytecode, and its text if asked."""
+    bytecode = io.BytesIO()
+    module.operation.write_bytecode(bytecode)
+    return {"bytecode": bytecode.getvalue(), "text": module.operation.get_asm() if text else None}
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    from torch_mlir import ir
+    from torch_mlir.dialects import torch as torch_dialect
+
+    while (request := read_message(requests)) is not None:
+        context = ir.Context()
+        torch_dialect.register_dialect(context)
+        module = ir.Module.parse(request["module"], context)
+        failure = lower(module, request["pipelines"], fix_compares=request["fix_compares"],
+                        for_cpu=request["for_cpu"])
+        write_message(replies, failure if failure is not None else finished(module, request["text"]))
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)
