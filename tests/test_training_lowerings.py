@@ -52,16 +52,23 @@ def _assert_training_graphs_on_device() -> None:
         lambda: nn.Conv3d(4, 8, 3, (1, 2, 1), 1, (2, 1, 1), groups=2),
         lambda: nn.ConvTranspose2d(8, 8, 3, 2, 1, 1, groups=8),
         lambda: nn.ConvTranspose2d(4, 6, 3, 2, 1, 1, groups=2, dilation=2),
+        # Ungrouped: torch-mlir's backward is 2-d and undilated only, these
+        # failed to legalize (``torch.constant.int``) and ran in eager.
+        lambda: nn.Conv2d(4, 2, 3, 1, 1, 2),  # dilated (torch-mlir's e2e ConvolutionBackwardModule2DDilated)
+        lambda: nn.Conv2d(3, 5, (3, 2), (2, 1), (1, 0), (1, 3), bias=False),
+        lambda: nn.Conv3d(6, 4, (3, 1, 3), 1, (1, 0, 1)),  # ConvolutionBackwardModule3DStatic, smaller
+        lambda: nn.Conv3d(3, 4, 2, 2, 1, 2),
     ],
     ids=[
         "depthwise", "depthwise-strided", "multiplier", "groups-2", "stride-gt-kernel", "3d",
         "transposed-depthwise", "transposed-grouped",
+        "2d-dilated", "2d-dilated-strided", "3d-ungrouped", "3d-strided-dilated",
     ],
 )
-def test_grouped_convolution_backward_lowers(conv):
+def test_convolution_backward_torch_mlir_rejects_lowers_by_taps(conv):
     """torch-mlir rejected these backwards ("operand and result must have the
-    same size", or XLA's "feature_group_count"); decomposed tap by tap, the
-    whole training graph lowers."""
+    same size", XLA's "feature_group_count", or an unlegalized constant);
+    decomposed tap by tap, the whole training graph lowers."""
     torch.manual_seed(0)
     conv = conv()
     spatial = (9, 10, 7)[: conv.weight.dim() - 2]
@@ -85,31 +92,6 @@ def test_depthwise_weight_gradient_only():
     actual, expected = _gradients(lambda x: conv(x).square().sum(), x, wrt)
     torch.testing.assert_close(actual, expected)
     _assert_training_graphs_on_device()
-
-
-@pytest.mark.parametrize(
-    "conv",
-    [
-        lambda: nn.Conv2d(4, 2, 3, 1, 1, 2),  # dilated (torch-mlir's e2e ConvolutionBackwardModule2DDilated)
-        lambda: nn.Conv2d(3, 5, (3, 2), (2, 1), (1, 0), (1, 3), bias=False),
-        lambda: nn.Conv3d(6, 4, (3, 1, 3), 1, (1, 0, 1)),  # ConvolutionBackwardModule3DStatic, smaller
-        lambda: nn.Conv3d(3, 4, 2, 2, 1, 2),
-    ],
-    ids=["2d-dilated", "2d-dilated-strided", "3d", "3d-strided-dilated"],
-)
-def test_ungrouped_backward_torch_mlir_rejects_lowers_by_taps(conv):
-    """torch-mlir's ungrouped backward is 2-d and undilated only: these failed
-    to legalize (``torch.constant.int``) and ran in eager."""
-    torch.manual_seed(0)
-    conv = conv()
-    spatial = (9, 10, 7)[: conv.weight.dim() - 2]
-    x = torch.randn(2, conv.in_channels, *spatial, requires_grad=True)
-    wrt = [x] + list(conv.parameters())
-    actual, expected = _gradients(lambda x: (conv(x).tanh() ** 2).sum(), x, wrt)
-    # As above: sums of up to ~300 terms in another order than oneDNN's.
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-    _assert_training_graphs_on_device()
-    assert "aten.convolution_backward.default" not in _island_ops()
 
 
 def test_ungrouped_convolution_backward_stays_one_op():
