@@ -317,10 +317,17 @@ def _identical(a: list[tuple], b: list[tuple]) -> bool:
     import torch
     from torch.utils._pytree import tree_leaves
 
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            if x.is_floating_point() or x.is_complex():  # NaN where eager gives NaN is the same result
+                return bool(((x == y) | (x.isnan() & y.isnan())).all())
+            return torch.equal(x, y)
+        return x == y or (isinstance(x, float) and isinstance(y, float) and x != x and y != y)
+
     left, right = tree_leaves(a), tree_leaves(b)
-    return len(left) == len(right) and all(
-        torch.equal(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y
-        for x, y in zip(left, right))
+    return len(left) == len(right) and all(same(x, y) for x, y in zip(left, right))
 
 
 def _layout(results: list[tuple]) -> list[Any]:
@@ -333,6 +340,7 @@ def _layout(results: list[tuple]) -> list[Any]:
 def _distribution_differences(results: list[tuple], references: list[list[tuple]]) -> list[str]:
     """A random test's verdict: the same layout as eager's, and every statistic
     within :data:`RANDOM_SPREAD` deviations of eager's under other seeds."""
+    import math
     import statistics
 
     if _layout(results) != _layout(references[0]):
@@ -340,6 +348,10 @@ def _distribution_differences(results: list[tuple], references: list[list[tuple]
     columns = list(zip(*(_statistics(r) for r in references)))
     problems = []
     for index, (got, column) in enumerate(zip(_statistics(results), columns)):
+        if not all(math.isfinite(v) for v in (got, *column)):
+            if not all(math.isnan(v) for v in (got, *column)) and got not in column:
+                problems.append(f"statistic #{index}: {got}, eager's under {len(column)} seeds {column[:3]}...")
+            continue
         centre, spread = statistics.fmean(column), statistics.stdev(column)
         if abs(got - centre) > RANDOM_SPREAD * spread + 1e-7 + 1e-6 * abs(centre):
             problems.append(f"statistic #{index}: {got:.6g}, eager's under {len(column)} seeds "

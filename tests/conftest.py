@@ -1,4 +1,7 @@
-"""Shared fixtures: every test starts with a fresh Dynamo and a fresh report."""
+"""Shared fixtures: every test starts with a fresh Dynamo and a fresh report,
+and every module the suite compiles is read for what a TPU could not run."""
+
+import os
 
 import pytest
 import torch
@@ -19,6 +22,25 @@ def fresh_compile_state(request):
     if request.node.get_closest_marker("backend_failure_expected") is None:
         failed = [f.reason for f in tpu_inductor.report.current().fallbacks() if f.op == "whole graph"]
         assert not failed, f"the backend failed on a graph and ran it eagerly: {failed}"
+    # TPU readiness (lowering/tpu_readiness.py): no module the test compiled
+    # holds what a TPU could not run, unless it is explained.
+    if request.node.get_closest_marker("tpu_findings_expected") is not None:
+        return
+    unexplained = [
+        f"{island.name}: {finding['kind']} {finding['op']} {finding['detail']}"
+        for island in tpu_inductor.report.current().islands()
+        for finding in island.tpu_findings or ()
+        if finding["explained"] is None
+    ]
+    if os.environ.get("TPU_READINESS_COLLECT"):  # a survey of the whole suite instead of a failure
+        with open(os.environ["TPU_READINESS_COLLECT"], "a") as out:
+            out.writelines(f"{request.node.nodeid}\t{u}\n" for u in unexplained)
+        return
+    assert not unexplained, f"a TPU could not run what this test compiled: {unexplained}"
+
+
+# Every compile in the suite checks TPU readiness (an option wins over it, as always).
+os.environ.setdefault("TPU_INDUCTOR_TPU_READINESS", "1")
 
 
 @pytest.fixture

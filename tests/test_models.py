@@ -95,6 +95,25 @@ def test_inference_matches_eager(name, tmp_path):
     _assert_ran_on_device(report.current().graphs, kinds=("inference",))
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_inference_through_copies_matches_eager(name, tmp_path):
+    """The path a TPU always takes (``zero_copy=False``): inputs copied in,
+    parameters uploaded once and kept resident on the device."""
+    from tpu_inductor.runtime import executable, platform
+
+    model, inputs, _, _ = MODELS[name]()
+    model.eval()
+    compiled = torch.compile(model, backend="tpu", options={**_options(tmp_path), "zero_copy": False})
+    with torch.no_grad():
+        expected = model(*inputs)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(*inputs), expected, **SINGLE_STEP)
+    _assert_ran_on_device(report.current().graphs, kinds=("inference",))
+    resident = executable.resident_buffers(platform.get_platform("cpu", zero_copy=False))
+    uploads = [resident.uploads[id(p)] for p in model.parameters()]
+    assert max(uploads) == 1, f"parameters uploaded more than once in 3 calls: {uploads}"
+
+
 # --------------------------------------------------------------------------- one training step
 
 

@@ -300,6 +300,9 @@ def test_cli_report_runs_a_script_and_doctor_describes_the_machine(tmp_path, cap
     assert cli.main(["doctor", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["platforms"]["cpu"]["available"] and info["platforms"]["cpu"]["devices"]
+    assert info["platforms"]["cpu"]["plugin"].startswith("jaxlib ")
+    for missing in (p for p in info["platforms"].values() if p.get("why") == "plugin not installed"):
+        assert missing["install"].startswith("pip install")  # what to do about it
     assert set(info["versions"]) >= {"torch", "torch-mlir", "jaxlib", "libtpu"}
     assert info["cache"]["location"] == str(tmp_path / "cache")
 

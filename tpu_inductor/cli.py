@@ -173,19 +173,21 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_report)
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    """What this machine offers the backend; each probe reports instead of failing."""
-    import importlib.util
-    import platform as host
+def _version_of(distribution: str) -> Optional[str]:
     from importlib import metadata
 
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """What this machine offers the backend; each probe reports instead of failing."""
+    import platform as host
+
     info: dict = {"python": sys.version.split()[0], "machine": f"{host.system()} {host.machine()}"}
-    versions = {}
-    for dist in ("tpu_inductor", "torch", "torch-mlir", "jax", "jaxlib", "libtpu"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
+    versions = {dist: _version_of(dist) for dist in ("tpu_inductor", "torch", "torch-mlir", "jax", "jaxlib", "libtpu")}
     info["versions"] = versions
 
     config = Config.load({"cache_dir": args.cache_dir} if args.cache_dir else {})
@@ -202,15 +204,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from tpu_inductor.errors import PlatformUnavailableError
 
-    present = {
-        "cpu": True,
-        "cuda": any(importlib.util.find_spec(n) for n in ("jax_cuda13_plugin", "jax_cuda12_plugin")),
-        "tpu": importlib.util.find_spec("libtpu") is not None,
-    }
+    from tpu_inductor.runtime.platform import INSTALL_HINT, PLUGINS
+
     platforms = {}
     for name in ("cpu", "cuda", "tpu"):
-        if not present[name]:
-            platforms[name] = {"available": False, "why": "plugin not installed"}
+        plugin = next(((dist, v) for dist in PLUGINS[name] if (v := _version_of(dist))), None)
+        if plugin is None:
+            platforms[name] = {"available": False, "why": "plugin not installed", "install": INSTALL_HINT[name]}
             continue
         try:
             from tpu_inductor.runtime.platform import get_platform
@@ -218,11 +218,13 @@ def _doctor(args: argparse.Namespace) -> int:
             chosen = get_platform(name)
             platforms[name] = {
                 "available": True,
+                "plugin": f"{plugin[0]} {plugin[1]}",
                 "version": chosen.version,
                 "devices": [f"{d.device_kind} (id {d.id})" for d in chosen.client.local_devices()],
             }
         except (PlatformUnavailableError, Exception) as exc:  # a broken plugin is a finding
-            platforms[name] = {"available": False, "why": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+            platforms[name] = {"available": False, "plugin": f"{plugin[0]} {plugin[1]}",
+                               "why": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
     info["platforms"] = platforms
     try:
         from tpu_inductor.runtime.platform import select_platform
@@ -238,9 +240,12 @@ def _doctor(args: argparse.Namespace) -> int:
     print("versions:     " + ", ".join(f"{k} {v or 'absent'}" for k, v in versions.items()))
     for name, found in platforms.items():
         if found["available"]:
-            print(f"platform {name:4} available, {found['version']}; devices: {', '.join(found['devices'])}")
+            print(f"platform {name:4} available ({found['plugin']}, {found['version']}); "
+                  f"devices: {', '.join(found['devices'])}")
+        elif "install" in found:
+            print(f"platform {name:4} unavailable: {found['why']}; to use it: {found['install']}")
         else:
-            print(f"platform {name:4} unavailable: {found['why']}")
+            print(f"platform {name:4} unavailable ({found['plugin']}): {found['why']}")
     print(f"default:      {info['default_platform']}")
     cache_info = info["cache"]
     print(

@@ -69,6 +69,11 @@ class CompileContext:
             kernels=_kernel_chooser(platform, cache_root) if config.eager_kernels else None,
         )
 
+    @property
+    def checks_tpu_readiness(self) -> bool:
+        """Read each compiled module for what a TPU could not run (lowering/tpu_readiness.py)."""
+        return self.config.tpu_readiness or self.platform.name == "tpu"
+
 
 _support_tables: dict[Optional[str], SupportTable] = {}
 
@@ -329,7 +334,7 @@ def _compile_island(
         lower_source=lower_stats.source,
         ops=hooks.op_counts(island.nodes),
     )
-    hooks.on_island_compiled(record, island_record, lowered.module)
+    hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
     return executable, island_record
 
 

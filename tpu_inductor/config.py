@@ -80,6 +80,14 @@ class Config:
     ``randperm`` and ops given their own ``generator`` always run eagerly.
     Env: ``TPU_INDUCTOR_FALLBACK_RANDOM``."""
 
+    tpu_readiness: bool = False
+    """Check every compiled module for what a TPU cannot run or runs badly
+    (float64, shapes left dynamic, host callbacks, custom calls only one
+    platform implements), list the findings in the island's report entry and
+    warn about each one that is not explained (float64 the graph's own
+    inputs or outputs ask for is). Always on for the ``tpu`` platform.
+    Env: ``TPU_INDUCTOR_TPU_READINESS``."""
+
     isolate_lowering: bool = True
     """Run torch-mlir's pass pipelines in a helper process, so that a native
     crash of MLIR (an ``LLVM ERROR`` abort) fails that island's lowering,

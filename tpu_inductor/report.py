@@ -55,6 +55,9 @@ class IslandRecord:
     results_kept: bool = False
     """Computes from parameters only; its results are reused while those are
     unchanged (``freeze_parameters``), so ``executions`` counts recomputations."""
+    tpu_findings: Optional[list[dict]] = None
+    """What a TPU could not run in the island's module (lowering/tpu_readiness.py:
+    ``kind``, ``op``, ``detail``, ``explained``); None when not checked."""
 
 
 @dataclasses.dataclass

@@ -26,6 +26,7 @@ from tpu_inductor.lowering.refine import refine_to_static
 from tpu_inductor.lowering.symbolic import SymbolicModule
 from tpu_inductor.passes.padding_safety import expr_of
 from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
+from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime.executable import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -117,17 +118,17 @@ class SymbolicIsland:
         )
         self._executables[key] = executable
         if self._record is not None:
-            self._record.islands.append(
-                report.IslandRecord(
-                    name=f"{self.island_name}[{label}]",
-                    num_nodes=self._num_nodes,
-                    compile_source=stats.source,
-                    lower_seconds=refined_seconds,
-                    compile_seconds=stats.seconds,
-                    cache_key=stats.key,
-                    lower_source="refined",
-                )
+            island_record = report.IslandRecord(
+                name=f"{self.island_name}[{label}]",
+                num_nodes=self._num_nodes,
+                compile_source=stats.source,
+                lower_seconds=refined_seconds,
+                compile_seconds=stats.seconds,
+                cache_key=stats.key,
+                lower_source="refined",
             )
+            self._record.islands.append(island_record)
+            hooks.on_island_compiled(self._record, island_record, module, check_tpu=context.checks_tpu_readiness)
         return executable
 
     def run(self, *args: Any) -> tuple[torch.Tensor, ...]:

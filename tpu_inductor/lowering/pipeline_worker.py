@@ -6,7 +6,7 @@ fix-up modules, which need nothing else (about 0.5 s).
 Messages on stdin and stdout are 8-byte big-endian lengths and pickles:
 
 * in: ``{"module": <MLIR bytecode>, "pipelines": [(pipeline, stage), ...],
-  "fix_compares": bool, "for_cpu": bool, "text": bool}``
+  "fix_up": bool, "for_cpu": bool, "text": bool}``
 * out: ``{"bytecode": <StableHLO bytecode>, "text": <its text, if asked>}``,
   or ``{"stage": ..., "diagnostics": [...], "ir": <the IR before that stage>}``.
 
@@ -43,8 +43,9 @@ def write_message(stream: BinaryIO, message: Any) -> None:
     stream.flush()
 
 
-def lower(module: Any, pipelines: list[tuple[str, str]], *, fix_compares: bool, for_cpu: bool) -> Optional[dict]:
-    """Run each pipeline on ``module`` in place, then the fix-ups; the failure message, or None."""
+def lower(module: Any, pipelines: list[tuple[str, str]], *, fix_up: bool, for_cpu: bool) -> Optional[dict]:
+    """Run each pipeline on ``module`` in place, then (``fix_up``) fixups.py's
+    rewrites; the failure message, or None."""
     from torch_mlir.passmanager import PassManager
 
     for pipeline, stage in pipelines:
@@ -67,14 +68,10 @@ def lower(module: Any, pipelines: list[tuple[str, str]], *, fix_compares: bool, 
             return {"stage": stage, "diagnostics": diagnostics or [str(exc)], "ir": ir_before}
         finally:
             handler.detach()
-    if fix_compares:
-        from tpu_inductor.lowering.compare_types import fix_unsigned_compares
+    if fix_up:
+        from tpu_inductor.lowering.fixups import apply_fixups
 
-        fix_unsigned_compares(module)
-    if for_cpu:
-        from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
-
-        arrange_dot_operands(module)
+        apply_fixups(module, for_cpu=for_cpu)
     return None
 
 
@@ -93,8 +90,7 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         context = ir.Context()
         torch_dialect.register_dialect(context)
         module = ir.Module.parse(request["module"], context)
-        failure = lower(module, request["pipelines"], fix_compares=request["fix_compares"],
-                        for_cpu=request["for_cpu"])
+        failure = lower(module, request["pipelines"], fix_up=request["fix_up"], for_cpu=request["for_cpu"])
         write_message(replies, failure if failure is not None else finished(module, request["text"]))
 
 

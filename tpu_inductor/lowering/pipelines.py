@@ -141,24 +141,25 @@ def start_worker() -> None:
 
 
 def to_stablehlo(
-    module: Any, *, isolate: bool, fix_compares: bool = True, for_cpu: bool = False, text: bool = False,
+    module: Any, *, isolate: bool, fix_up: bool = True, for_cpu: bool = False, text: bool = False,
     label: str = "",
 ) -> dict:
-    """``module`` (torch-mlir's FX import) lowered to StableHLO and fixed up
-    (compare_types.py, and cpu_dot_operands.py when ``for_cpu``):
+    """``module`` (torch-mlir's FX import) lowered to StableHLO and, with
+    ``fix_up``, given fixups.py's rewrites (symbolic modules get them after
+    refinement instead):
     ``{"bytecode": ..., "text": ... when asked}``. Raises
     :class:`IslandLoweringError` when a stage fails or the helper crashes.
     ``label`` qualifies the stage names (`` (dynamic shapes)``)."""
     pipelines = [(TORCH_TO_BACKEND, f"FX -> Torch backend IR{label}"),
                  (BACKEND_TO_STABLEHLO, f"Torch backend IR -> StableHLO{label}")]
     if not isolate:
-        failure = pipeline_worker.lower(module, pipelines, fix_compares=fix_compares, for_cpu=for_cpu)
+        failure = pipeline_worker.lower(module, pipelines, fix_up=fix_up, for_cpu=for_cpu)
         if failure is not None:
             raise IslandLoweringError(**failure)
         return pipeline_worker.finished(module, text)
     bytecode = io.BytesIO()
     module.operation.write_bytecode(bytecode)
-    reply = _WORKER.run({"module": bytecode.getvalue(), "pipelines": pipelines, "fix_compares": fix_compares,
+    reply = _WORKER.run({"module": bytecode.getvalue(), "pipelines": pipelines, "fix_up": fix_up,
                          "for_cpu": for_cpu, "text": text})
     if "crashed" in reply:
         said = [line for line in reply["stderr"].splitlines() if line.strip()]

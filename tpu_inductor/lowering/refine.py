@@ -27,7 +27,7 @@ import re
 from typing import Mapping, Sequence
 
 from tpu_inductor.errors import LoweringError
-from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
+from tpu_inductor.lowering.fixups import apply_fixups
 from tpu_inductor.lowering.shape_legalize import legalize_shape_arithmetic
 
 _DYNAMIC_TYPE = re.compile(r"tensor<[^>]*\?|tensor<\*")
@@ -108,8 +108,7 @@ def refine_to_static(
                 if not _fold_float_scalars(ir, module):
                     break
             _run(module, "func.func(stablehlo-canonicalize-dynamism), canonicalize")
-            if for_cpu:
-                arrange_dot_operands(module)
+            apply_fixups(module, for_cpu=for_cpu)
             text = module.operation.get_asm()
     except LoweringError:
         raise

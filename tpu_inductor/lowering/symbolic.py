@@ -47,7 +47,7 @@ def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main", *, isolate: boo
         i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _SYMBOLIC)
     )
     module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
-    lowered = to_stablehlo(module, isolate=isolate, fix_compares=False, text=True, label=" (dynamic shapes)")
+    lowered = to_stablehlo(module, isolate=isolate, fix_up=False, text=True, label=" (dynamic shapes)")
     return SymbolicModule(
         text=lowered["text"],
         scalar_positions=scalars,

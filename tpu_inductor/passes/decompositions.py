@@ -25,6 +25,7 @@ from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
 from tpu_inductor.passes.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
 from tpu_inductor.passes.quantize_decompositions import quantize_decompositions
 from tpu_inductor.passes.tie_sensitive_ops import keep_unsorted_topk
+from tpu_inductor.passes.variance import VARIANCE_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
@@ -381,6 +382,7 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(EXACT_VALUE_DECOMPOSITIONS)
+    table.update(VARIANCE_DECOMPOSITIONS)
     table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)
     table.update(POOLING_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)

@@ -240,36 +240,6 @@ def _accumulated_in_float32(op):
     return decomposition
 
 
-# -- variance without degrees of freedom ----------------------------------------------
-
-
-def _nan_without_degrees_of_freedom(op, otherwise=None):
-    """``var``/``std`` (and their ``_mean`` forms) as NaN where fewer elements
-    than ``correction`` are reduced.
-
-    Eager divides by ``max(N - correction, 0)``, so an empty reduction is
-    ``0 / 0 = NaN``; torch-mlir divides by ``N - correction = -1`` and
-    returned ``-0.0`` (OpInfo's ``var_mean`` samples of shape ``(0,)`` and
-    ``(0, 5)``). Every other case is the op itself (or ``otherwise``).
-    """
-
-    def decomposition(x, dim=None, *, correction=None, keepdim=False):
-        dims = range(x.dim()) if dim is None or len(dim) == 0 else [d % max(x.dim(), 1) for d in dim]
-        count = 1
-        for d in dims:
-            count *= x.shape[d]
-        correction_value = 1 if correction is None else correction
-        if not isinstance(count, int) or count >= correction_value:
-            if otherwise is None:
-                return NotImplemented
-            return otherwise(x, dim, correction=correction, keepdim=keepdim)
-        mean = torch.mean(x, dim=dim if dim else None, keepdim=keepdim)
-        spread = torch.full_like(mean, float("nan"))
-        return (spread, mean) if "mean" in op.__name__ else spread
-
-    return decomposition
-
-
 EXACT_VALUE_DECOMPOSITIONS: dict = {
     aten.max_pool2d_with_indices.default: _max_pool_exact_windows(aten.max_pool2d_with_indices.default, 2),
     aten.max_pool3d_with_indices.default: _max_pool_exact_windows(
@@ -284,10 +254,4 @@ EXACT_VALUE_DECOMPOSITIONS: dict = {
     aten.sum.dim_IntList: _accumulated_in_float32(aten.sum.dim_IntList),
     aten.mean.default: _accumulated_in_float32(aten.mean.default),
     aten.mean.dim: _accumulated_in_float32(aten.mean.dim),
-    aten.var_mean.correction: _nan_without_degrees_of_freedom(
-        aten.var_mean.correction, otherwise=_accumulated_in_float32(aten.var_mean.correction)
-    ),
-    aten.var.correction: _nan_without_degrees_of_freedom(aten.var.correction),
-    aten.std.correction: _nan_without_degrees_of_freedom(aten.std.correction),
-    aten.std_mean.correction: _nan_without_degrees_of_freedom(aten.std_mean.correction),
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from tpu_inductor import report as record
 
@@ -79,21 +79,37 @@ def on_graph_compiled() -> None:
         log.debug("tpu_inductor: could not write the report: %r", exc)
 
 
-def on_island_compiled(graph: record.GraphRecord, island: record.IslandRecord, module: bytes) -> None:
-    """Keep the island's StableHLO where a person can read it."""
+def on_island_compiled(
+    graph: record.GraphRecord, island: record.IslandRecord, module: Union[bytes, str], *, check_tpu: bool = False
+) -> None:
+    """Keep the island's StableHLO where a person can read it; ``check_tpu``:
+    read it for what a TPU could not run (lowering/tpu_readiness.py)."""
     from tpu_inductor.reporting import files, trace as structured
 
     try:
         directories = files.active()
         tracing = structured.tracing()
-        if not directories and not tracing:
+        if not directories and not tracing and not check_tpu:
             return
         text = files.stablehlo_text(module)
+        if check_tpu:
+            _check_tpu(island, text)
         for directory in directories:
             island.stablehlo_file = directory.write_stablehlo(graph.graph_id, island.name, text)
         structured.artifact(f"tpu_inductor_stablehlo_g{graph.graph_id}_{island.name}", lambda: text)
     except Exception as exc:
         log.debug("tpu_inductor: could not save the StableHLO of %s: %r", island.name, exc)
+
+
+def _check_tpu(island: record.IslandRecord, text: str) -> None:
+    import dataclasses
+
+    from tpu_inductor.lowering.tpu_readiness import tpu_findings, violations
+
+    found = tpu_findings(text)
+    island.tpu_findings = [dataclasses.asdict(f) for f in found]
+    for finding in violations(found):
+        log.warning("tpu_inductor: a TPU could not run island %s as compiled: %s", island.name, finding)
 
 
 def on_island_failed(island: Any, error: Exception, context: Any, graph: record.GraphRecord) -> None:

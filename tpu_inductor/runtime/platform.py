@@ -18,7 +18,7 @@ from tpu_inductor.errors import PlatformUnavailableError
 
 log = logging.getLogger(__name__)
 
-_INSTALL_HINT = {
+INSTALL_HINT = {
     "cpu": "pip install jaxlib",
     "cuda": "pip install 'tpu_inductor[cuda]' (jax's CUDA plugin) on a machine with an NVIDIA GPU",
     "tpu": "pip install 'tpu_inductor[tpu]' (libtpu) on a TPU VM",
@@ -82,6 +82,10 @@ def _tpu_available() -> bool:
     return True
 
 
+PLUGINS = {"cpu": ("jaxlib",), "cuda": ("jax-cuda13-plugin", "jax-cuda12-plugin"), "tpu": ("libtpu",)}
+"""The distributions that provide each platform's PJRT client, newest first."""
+
+
 def _cuda_plugin_installed() -> bool:
     return any(
         importlib.util.find_spec(name) is not None
@@ -129,7 +133,7 @@ def _client(name: str) -> tuple[Any, Any]:
     except RuntimeError as exc:
         raise PlatformUnavailableError(
             f"PJRT platform {name!r} is not available here ({exc}). "
-            f"To use it: {_INSTALL_HINT.get(name, 'install its PJRT plugin')}; "
+            f"To use it: {INSTALL_HINT.get(name, 'install its PJRT plugin')}; "
             "or choose another with the 'platform' option / TPU_INDUCTOR_PLATFORM."
         ) from None
     return client, client.local_devices()[0]

@@ -1,0 +1,115 @@
+"""Python numbers in float32 and half-precision graphs as constants of that type, not float64.
+
+Why: torch-mlir imports a Python float (``addcdiv``'s ``value``, a clamp
+bound, ``x * 0.5``) as a float64 constant converted to the tensor's type.
+XLA:CPU folds the pair, but a TPU has no float64, so every such module
+would carry float64 onto a TPU (lowering/tpu_readiness.py finds it). Each
+``convert`` of a float64 splat constant (through float64 converts, reshapes
+and broadcasts) to float32, float16 or bfloat16 becomes a constant of that type, rounded as ``convert`` rounds (to nearest even,
+once: numpy's ``astype`` from float64 for float32 and float16, exact
+arithmetic for bfloat16, which numpy lacks and which rounding through
+float32 could round twice).
+
+Before: ``%c = arith.constant dense<5.000000e-01> : tensor<1xf64>;
+%v = stablehlo.convert %c : (tensor<1xf64>) -> tensor<1xf32>``
+After:  ``%v = stablehlo.constant dense<0x3F000000> : tensor<1xf32>``
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Optional
+
+from tpu_inductor.lowering.unused_ops import erase_unused
+
+_CONSTANTS = ("arith.constant", "stablehlo.constant")
+
+
+def _float32_bits(number: float) -> Optional[str]:
+    import numpy as np
+
+    return f"0x{int(np.array(number, dtype=np.float64).astype(np.float32).view(np.uint32)):08X}"
+
+
+def _float16_bits(number: float) -> Optional[str]:
+    import numpy as np
+
+    return f"0x{int(np.array(number, dtype=np.float64).astype(np.float16).view(np.uint16)):04X}"
+
+
+def _bfloat16_bits(number: float) -> Optional[str]:
+    """``number`` rounded to the nearest bfloat16 (ties to even); None for a
+    subnormal or overflowing result (the convert is then left as it is)."""
+    if number == 0:
+        return "0x8000" if math.copysign(1.0, number) < 0 else "0x0000"
+    if math.isnan(number):
+        return "0x7FC0"
+    if math.isinf(number):
+        return "0xFF80" if number < 0 else "0x7F80"
+    exponent = math.frexp(abs(number))[1]  # |number| = m * 2**exponent, 0.5 <= m < 1
+    significand = round(Fraction(abs(number)) * 2 ** (8 - exponent))  # 8 bits, half to even
+    if significand == 256:
+        significand, exponent = 128, exponent + 1
+    biased = exponent - 1 + 127
+    if not 1 <= biased <= 254:
+        return None  # subnormal or overflowing: rare for a Python number, left to XLA
+    return f"0x{(number < 0) << 15 | biased << 7 | (significand - 128):04X}"
+
+
+_TARGETS = {"f32": _float32_bits, "f16": _float16_bits, "bf16": _bfloat16_bits}
+
+
+def fold_float64_constants(module: Any) -> int:
+    """Fold each convert of a float64 splat to a narrower float; how many were folded."""
+    from torch_mlir import ir
+
+    converts = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "stablehlo.convert":
+            converts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    folded = 0
+    with module.context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for convert in converts:
+            result_type = ir.RankedTensorType(convert.results[0].type)
+            target = _TARGETS.get(str(result_type.element_type))
+            number = _float64_splat(convert.operands[0], ir) if target is not None else None
+            bits = target(number) if number is not None else None
+            if bits is None:
+                continue
+            attribute = ir.Attribute.parse(f"dense<{bits}> : {result_type}")
+            with ir.InsertionPoint(convert):
+                constant = ir.Operation.create("stablehlo.constant", results=[result_type],
+                                               attributes={"value": attribute})
+            convert.results[0].replace_all_uses_with(constant.results[0])
+            folded += 1
+        if folded:
+            erase_unused(module, ir)
+    return folded
+
+
+_SAME_VALUES = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
+"""Ops that keep a float64 splat the same number (a convert to float64 itself included)."""
+
+
+def _float64_splat(value: Any, ir: Any) -> Optional[float]:
+    """The number every element of float64 ``value`` holds, when it comes from
+    a splat constant through :data:`_SAME_VALUES` ops only; else None."""
+    while True:
+        if str(ir.RankedTensorType(value.type).element_type) != "f64":
+            return None
+        producer = value.owner
+        name = getattr(producer, "name", None)
+        if name in _SAME_VALUES:
+            value = producer.operands[0]
+            continue
+        if name not in _CONSTANTS:
+            return None
+        attribute = producer.attributes["value"]
+        if not (isinstance(attribute, ir.DenseElementsAttr) and attribute.is_splat):
+            return None
+        return float(ir.FloatAttr(attribute.get_splat_value()).value)
