@@ -22,6 +22,7 @@ from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
 from tpu_inductor.passes.mask_index_put_as_where import MASK_INDEX_PUT_DECOMPOSITIONS
 from tpu_inductor.passes.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
 from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
+from tpu_inductor.passes.nan_extremes import NAN_EXTREME_DECOMPOSITIONS
 from tpu_inductor.passes.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
 from tpu_inductor.passes.quantize_decompositions import quantize_decompositions
 from tpu_inductor.passes.tie_sensitive_ops import keep_unsorted_topk
@@ -383,6 +384,7 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table.update(_OURS)
     table.update(EXACT_VALUE_DECOMPOSITIONS)
     table.update(VARIANCE_DECOMPOSITIONS)
+    table.update(NAN_EXTREME_DECOMPOSITIONS)
     table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)
     table.update(POOLING_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)
