@@ -5,7 +5,8 @@ bound, ``x * 0.5``) as a float64 constant converted to the tensor's type.
 XLA:CPU folds the pair, but a TPU has no float64, so every such module
 would carry float64 onto a TPU (lowering/tpu_readiness.py finds it). Each
 ``convert`` of a float64 splat constant (through float64 converts, reshapes
-and broadcasts) to float32, float16 or bfloat16 becomes a constant of that type, rounded as ``convert`` rounds (to nearest even,
+and broadcasts) to float32, float16, bfloat16, an integer or bool becomes a
+constant of that type (integers toward zero, as ``convert``, when in range), rounded as ``convert`` rounds (to nearest even,
 once: numpy's ``astype`` from float64 for float32 and float16, exact
 arithmetic for bfloat16, which numpy lacks and which rounding through
 float32 could round twice).
@@ -57,7 +58,24 @@ def _bfloat16_bits(number: float) -> Optional[str]:
     return f"0x{(number < 0) << 15 | biased << 7 | (significand - 128):04X}"
 
 
-_TARGETS = {"f32": _float32_bits, "f16": _float16_bits, "bf16": _bfloat16_bits}
+def _integer(width: int, signed: bool):
+    """A float64 -> integer convert's value (toward zero, as ``convert`` rounds), when in range."""
+    low, high = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
+
+    def bits(number: float) -> Optional[str]:
+        if not math.isfinite(number) or not low <= math.trunc(number) <= high:
+            return None  # implementation-defined in StableHLO: left as it is
+        return str(math.trunc(number))
+
+    return bits
+
+
+_TARGETS = {
+    "f32": _float32_bits, "f16": _float16_bits, "bf16": _bfloat16_bits,
+    "i1": lambda number: "true" if number != 0 else "false",
+    **{f"i{w}": _integer(w, True) for w in (8, 16, 32, 64)},
+    **{f"ui{w}": _integer(w, False) for w in (8, 16, 32, 64)},
+}
 
 
 def fold_float64_constants(module: Any) -> int:
