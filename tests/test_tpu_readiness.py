@@ -92,3 +92,6 @@ def test_float64_inside_a_float32_graph_is_reported_and_warned(caplog):
         _, findings = _checked(lambda a: (a.double() * a.double()).sum().float(), torch.rand(8))
     assert any(f["kind"] == "float64" and f["explained"] is None for f in findings)
     assert "a TPU could not run island" in caplog.text
+    from tpu_inductor.reporting.summary import summarize
+
+    assert "finding" in summarize(report.current()) and "a TPU could not run" in summarize(report.current())

@@ -164,6 +164,12 @@ def summarize(report: record.Report) -> str:
                 for d in report.dynamic_graphs
             ]
         )
+    checked = [i for i in report.islands() if i.tpu_findings is not None]
+    if checked:
+        unexplained = [(i.name, f) for i in checked for f in i.tpu_findings if f["explained"] is None]
+        verdict = f"{_plural(len(unexplained), 'finding')} a TPU could not run" if unexplained else "nothing found"
+        lines.append(f"TPU readiness ({_plural(len(checked), 'island')} checked): {verdict}")
+        lines += _cut([f"  {name}: {f['kind']} in {f['op']} ({f['detail']})" for name, f in unexplained])
     if report.repros:
         lines.append("Reproducers:")
         lines += _cut([f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.path}" for r in report.repros])
