@@ -302,3 +302,18 @@ def test_embedding_flags_still_scale_the_gradient():
     got, weight.grad = weight.grad, None
     fn(weight).backward()
     torch.testing.assert_close(got, weight.grad)
+
+
+@pytest.mark.parametrize(
+    "x_shape, bound_shape", [((0, 1, 3), (0, 10, 3)), ((4, 1, 3), (4, 5, 3)), ((5,), (3, 5))],
+    ids=["empty_from_opinfo", "bound_larger", "bound_adds_a_dim"],
+)
+def test_clamp_by_a_larger_bound_runs_on_the_device(x_shape, bound_shape):
+    """torch-mlir gave stablehlo.clamp the input's shape as its result's, and
+    MLIR aborted where a bound is larger (OpInfo's clamp_min sample 7)."""
+    generator = torch.Generator().manual_seed(0)
+    x, bound = torch.randn(x_shape, generator=generator), torch.randn(bound_shape, generator=generator)
+    for fn in (torch.clamp_min, torch.clamp_max, lambda a, b: torch.clamp(a, b, b + 1)):
+        torch._dynamo.reset()
+        report.reset()
+        assert torch.equal(on_device(fn, x, bound), fn(x, bound))

@@ -92,6 +92,23 @@ def _broadcast_shift(tensor_op):
     return shift
 
 
+def _broadcast_clamp(x, min=None, max=None):
+    """``clamp`` with tensor bounds, every operand broadcast to one shape first.
+
+    torch-mlir gives ``stablehlo.clamp`` the input's shape as its result's,
+    so where a bound is the larger one (OpInfo's ``clamp_min`` of a
+    ``[0, 1, 3]`` tensor by a ``[0, 10, 3]`` one) MLIR aborts ("Failed to
+    infer result type"). Equal shapes, or bounds that broadcast to the
+    input, lower as they are.
+    """
+    tensors = [t for t in (x, min, max) if isinstance(t, torch.Tensor)]
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    if all(t.shape == shape for t in tensors) or (x.shape == shape and all(t.dim() == 0 for t in tensors[1:])):
+        return NotImplemented
+    expand = lambda t: t.expand(shape) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return aten.clamp.Tensor(expand(x), expand(min), expand(max))
+
+
 def _diagonal_indices(x, offset: int, dim1: int, dim2: int):
     """``x`` with ``dim1, dim2`` moved last, and the paired row and column
     indices of its diagonal at ``offset``."""
@@ -281,6 +298,7 @@ _OURS: dict = {
     aten.__rshift__.Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
     aten.bitwise_left_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
+    aten.clamp.Tensor: _broadcast_clamp,
     aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
     aten.diagonal.default: torch._decomp.decomposition_table[aten.diagonal.default],
