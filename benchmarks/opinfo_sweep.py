@@ -236,16 +236,22 @@ def table(report: dict) -> str:
     return common.markdown_table(header, rows)
 
 
+def _results(records: dict[str, dict], dtype: str) -> dict[str, dict]:
+    """The per-op entries of ``records`` (keyed ``<dtype>/<op>``), in their order."""
+    return {task_id.split("/", 1)[1]: op_result(record, task_id.split("/", 1)[1], dtype)
+            for task_id, record in records.items()}
+
+
+def _write(out: Path, report: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+
+
 def _write_partial(out: Path, report: dict, dtype: str, finished: dict[str, dict]) -> None:
     """The results so far, marked partial, at ``out`` (a stopped sweep keeps them)."""
-    results = {}
-    for task_id, record in finished.items():
-        name = task_id.split("/", 1)[1]
-        results[name] = op_result(record, name, dtype)
-    partial = {**report, dtype: {"summary": summarise(results), "results": results,
-                                 "meta": {**common.environment(), "partial": True}}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(partial, indent=1))
+    results = _results(finished, dtype)
+    _write(out, {**report, dtype: {"summary": summarise(results), "results": results,
+                                   "meta": {**common.environment(), "partial": True}}})
 
 
 def main() -> None:
@@ -283,7 +289,7 @@ def main() -> None:
             records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
                                        jobs=args.jobs, chunk=args.chunk, env=env, workdir=scratch / f"logs-{dtype}",
                                        timeout=args.timeout, progress=progress)
-            results = {name: op_result(records[f"{dtype}/{name}"], name, dtype) for name in op_ids}
+            results = _results(records, dtype)
             summary = summarise(results)
             summary["seconds"] = round(time.perf_counter() - started, 1)
             report[dtype] = {"summary": summary, "results": results,
@@ -297,8 +303,7 @@ def main() -> None:
                 print(f"  {r['outcome']:9} {r['op']} ({failing} of {r['samples']} samples): {r.get('error', '')[:160]}")
             fallback_ops = Counter(op for r in results.values() for op in r.get("fallbacks", []))
             print("  most common eager fallbacks:", fallback_ops.most_common(12))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    _write(args.out, report)
     print()
     print(table(report))
     print(f"\nwrote {args.out}")
