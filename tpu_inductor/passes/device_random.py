@@ -145,17 +145,14 @@ def _exponential(seed, stream, x, lambd=1.0, **_):
     return -torch.log1p(-uniform(seed, stream, x.shape, x.dtype)) / lambd
 
 
-def _bernoulli(seed, stream, x, **_):
-    """``bernoulli(p)``: 1 where a uniform is below ``p``, in ``p``'s dtype."""
-    return (uniform(seed, stream, x.shape, torch.float32) < x).to(x.dtype)
-
-
 def _bernoulli_p(seed, stream, x, p=0.5, **_):
+    """1 where a uniform is below ``p`` (a number or a tensor), in ``x``'s shape and dtype."""
     return (uniform(seed, stream, x.shape, torch.float32) < p).to(x.dtype)
 
 
-def _bernoulli_tensor(seed, stream, x, p, **_):
-    return (uniform(seed, stream, x.shape, torch.float32) < p).to(x.dtype)
+def _bernoulli(seed, stream, x, **_):
+    """``bernoulli(p)``: ``x`` holds the probabilities."""
+    return _bernoulli_p(seed, stream, x, x)
 
 
 def _native_dropout(seed, stream, x, p, train):
@@ -174,7 +171,7 @@ def _rrelu_with_noise(seed, stream, x, noise, lower=1.0 / 8, upper=1.0 / 3, trai
     if not training:
         return torch.nn.functional.leaky_relu(x, (lower + upper) / 2), noise.clone()
     not_positive = x <= 0
-    slope = uniform(seed, stream, x.shape, x.dtype) * (upper - lower) + lower
+    slope = _uniform(seed, stream, x, lower, upper)
     return torch.where(not_positive, x * slope, x), torch.where(not_positive, slope, torch.ones_like(slope))
 
 
@@ -190,7 +187,7 @@ REPLACEMENTS: dict[Any, Callable[..., Any]] = {
     aten.exponential.default: _exponential,
     aten.bernoulli.default: _bernoulli,
     aten.bernoulli.p: _bernoulli_p,
-    aten.bernoulli.Tensor: _bernoulli_tensor,
+    aten.bernoulli.Tensor: _bernoulli_p,
     aten.native_dropout.default: _native_dropout,
     aten.rrelu_with_noise_functional.default: _rrelu_with_noise,
 }
