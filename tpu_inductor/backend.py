@@ -123,7 +123,7 @@ def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, tra
         # the eager fallback a half-rewritten graph.
         as_traced = runnable_copy(gm)
         try:
-            compiled = compile_graph(gm, example_inputs, kind, context)
+            compiled = compile_graph(gm, example_inputs, kind, context, as_traced)
         except TpuInductorError:  # strict mode, config, budget: raised on purpose
             raise
         except Exception as exc:  # a failure no retry caught must not fail the user's call

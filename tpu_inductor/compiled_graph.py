@@ -218,13 +218,18 @@ _RECORD_KEY = "tpu_inductor_graph_record"
 
 
 def compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, context: CompileContext
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    kind: str,
+    context: CompileContext,
+    as_traced: Optional[torch.fx.GraphModule] = None,
 ):
-    """The AOTAutograd compiler entry: a boxed callable for ``gm``."""
+    """The AOTAutograd compiler entry: a boxed callable for ``gm``.
+    ``as_traced``: an untouched copy of ``gm``, when the caller keeps one."""
     if has_symbolic_inputs(example_inputs):
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
-        return DynamicShapeGraph(gm, example_inputs, kind, context)
+        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced)
     parameters = _parameter_inputs() if kind == "inference" and context.config.freeze_parameters else ()
     return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters))
 

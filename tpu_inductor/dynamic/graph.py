@@ -61,14 +61,16 @@ class DynamicShapeGraph:
         example_inputs: Sequence[Any],
         kind: str,
         context: "CompileContext",
+        as_traced: Optional[torch.fx.GraphModule] = None,
     ) -> None:
         # An instance attribute, so wrappers made with functools.wraps keep it.
         self._boxed_call = True
         self.kind = kind
         self.context = context
         self.policy = BucketPolicy.from_config(context.config)
-        # The graph as traced, for calls past the budget (and nothing else).
-        self._eager = runnable_copy(gm)
+        # The graph as traced, for calls past the budget (and nothing else);
+        # the backend's own untouched copy where it made one.
+        self._eager = as_traced if as_traced is not None else runnable_copy(gm)
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         self.shape_env = shape_env_of([n.meta.get("val") for n in placeholders])
 
