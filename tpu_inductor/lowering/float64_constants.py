@@ -20,23 +20,23 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tpu_inductor.lowering.unused_ops import erase_unused
 
 _CONSTANTS = ("arith.constant", "stablehlo.constant")
 
 
-def _float32_bits(number: float) -> Optional[str]:
-    import numpy as np
+def _numpy_bits(float_type: str, bits_type: str) -> Callable[[float], Optional[str]]:
+    """A float64 -> ``float_type`` convert's result as hexadecimal bits (numpy rounds it once, to nearest even)."""
 
-    return f"0x{int(np.array(number, dtype=np.float64).astype(np.float32).view(np.uint32)):08X}"
+    def bits(number: float) -> Optional[str]:
+        import numpy as np
 
+        digits = np.dtype(bits_type).itemsize * 2
+        return f"0x{int(np.array(number, dtype=np.float64).astype(float_type).view(bits_type)):0{digits}X}"
 
-def _float16_bits(number: float) -> Optional[str]:
-    import numpy as np
-
-    return f"0x{int(np.array(number, dtype=np.float64).astype(np.float16).view(np.uint16)):04X}"
+    return bits
 
 
 def _bfloat16_bits(number: float) -> Optional[str]:
@@ -71,7 +71,7 @@ def _integer(width: int, signed: bool):
 
 
 _TARGETS = {
-    "f32": _float32_bits, "f16": _float16_bits, "bf16": _bfloat16_bits,
+    "f32": _numpy_bits("float32", "uint32"), "f16": _numpy_bits("float16", "uint16"), "bf16": _bfloat16_bits,
     "i1": lambda number: "true" if number != 0 else "false",
     **{f"i{w}": _integer(w, True) for w in (8, 16, 32, 64)},
     **{f"ui{w}": _integer(w, False) for w in (8, 16, 32, 64)},

@@ -18,7 +18,7 @@ After:  ``m = mean(x32, [1], keepdim); v = sum((x32 - m)**2, [1]) / (N - 1)``
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -50,29 +50,20 @@ def _moments(x: torch.Tensor, dim: Optional[Sequence[int]], correction, keepdim:
     return squares / max(count - correction, 0), mean
 
 
-def _var(x, dim=None, *, correction=None, keepdim=False):
-    moments = _moments(x, dim, correction, keepdim)
-    return NotImplemented if moments is None else moments[0].to(x.dtype)
+def _from_moments(finish: Callable[..., Any]) -> Callable[..., Any]:
+    """A decomposition that computes the moments once and ``finish``\ es them:
+    ``finish(variance, mean, dtype)``, both still in float32 (or float64)."""
 
+    def decomposition(x, dim=None, *, correction=None, keepdim=False):
+        moments = _moments(x, dim, correction, keepdim)
+        return NotImplemented if moments is None else finish(*moments, x.dtype)
 
-def _var_mean(x, dim=None, *, correction=None, keepdim=False):
-    moments = _moments(x, dim, correction, keepdim)
-    return NotImplemented if moments is None else (moments[0].to(x.dtype), moments[1].to(x.dtype))
-
-
-def _std(x, dim=None, *, correction=None, keepdim=False):
-    moments = _moments(x, dim, correction, keepdim)
-    return NotImplemented if moments is None else torch.sqrt(moments[0]).to(x.dtype)
-
-
-def _std_mean(x, dim=None, *, correction=None, keepdim=False):
-    moments = _moments(x, dim, correction, keepdim)
-    return NotImplemented if moments is None else (torch.sqrt(moments[0]).to(x.dtype), moments[1].to(x.dtype))
+    return decomposition
 
 
 VARIANCE_DECOMPOSITIONS: dict = {
-    aten.var.correction: _var,
-    aten.var_mean.correction: _var_mean,
-    aten.std.correction: _std,
-    aten.std_mean.correction: _std_mean,
+    aten.var.correction: _from_moments(lambda var, mean, dtype: var.to(dtype)),
+    aten.var_mean.correction: _from_moments(lambda var, mean, dtype: (var.to(dtype), mean.to(dtype))),
+    aten.std.correction: _from_moments(lambda var, mean, dtype: torch.sqrt(var).to(dtype)),
+    aten.std_mean.correction: _from_moments(lambda var, mean, dtype: (torch.sqrt(var).to(dtype), mean.to(dtype))),
 }
