@@ -86,10 +86,15 @@ def _broadcast_shift(tensor_op):
         symbolic = any(isinstance(size, torch.SymInt) for size in a.shape)
         if a.shape == amount.shape or (amount.dim() == 0 and not symbolic):
             return NotImplemented
-        shape = torch.broadcast_shapes(a.shape, amount.shape)
-        return tensor_op(a.expand(shape), amount.expand(shape))
+        return _on_broadcast_operands(tensor_op, a, amount)
 
     return shift
+
+
+def _on_broadcast_operands(op, *operands):
+    """``op`` on its tensor operands expanded to their broadcast shape (other operands as they are)."""
+    shape = torch.broadcast_shapes(*(t.shape for t in operands if isinstance(t, torch.Tensor)))
+    return op(*(t.expand(shape) if isinstance(t, torch.Tensor) else t for t in operands))
 
 
 def _broadcast_clamp(x, min=None, max=None):
@@ -105,8 +110,7 @@ def _broadcast_clamp(x, min=None, max=None):
     shape = torch.broadcast_shapes(*(t.shape for t in tensors))
     if all(t.shape == shape for t in tensors) or (x.shape == shape and all(t.dim() == 0 for t in tensors[1:])):
         return NotImplemented
-    expand = lambda t: t.expand(shape) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return aten.clamp.Tensor(expand(x), expand(min), expand(max))
+    return _on_broadcast_operands(aten.clamp.Tensor, x, min, max)
 
 
 def _diagonal_indices(x, offset: int, dim1: int, dim2: int):
