@@ -5,6 +5,7 @@ Run: python examples/quickstart.py
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -47,12 +48,22 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def time_per_call(fn, *args, repeats: int = 20) -> float:
-    fn(*args)
-    started = time.perf_counter()
-    for _ in range(repeats):
-        fn(*args)
-    return (time.perf_counter() - started) / repeats
+def paired_timings(eager, compiled, *args, rounds: int = 15, calls: int = 10) -> tuple[float, float, float]:
+    """Median seconds per call of each, and the median over rounds of eager's
+    time / compiled's time: both warmed alike, timed in alternating order."""
+    for fn in (eager, compiled):
+        for _ in range(3):
+            fn(*args)
+    eager_times, compiled_times = [], []
+    for round_index in range(rounds):
+        pair = [(eager, eager_times), (compiled, compiled_times)]
+        for fn, times in pair if round_index % 2 == 0 else reversed(pair):
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            times.append((time.perf_counter() - started) / calls)
+    ratio = statistics.median(e / c for e, c in zip(eager_times, compiled_times))
+    return statistics.median(eager_times), statistics.median(compiled_times), ratio
 
 
 def main() -> None:
@@ -71,10 +82,11 @@ def main() -> None:
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
         print(f"compiled output matches eager (max abs diff {(got - expected).abs().max():.2e})")
         print(f"first call (trace + lower + XLA compile or cache hit): {compile_seconds:.2f} s")
-        eager_s = time_per_call(model, tokens)
-        tpu_s = time_per_call(compiled, tokens)
+        eager_s, tpu_s, speedup = paired_timings(model, compiled, tokens)
     print(f"eager   : {eager_s * 1e3:8.2f} ms/call")
-    print(f"tpu/XLA : {tpu_s * 1e3:8.2f} ms/call  ({eager_s / tpu_s:.2f}x eager)")
+    verdict = "faster than" if speedup > 1 else "slower than" if speedup < 1 else "as fast as"
+    print(f"tpu/XLA : {tpu_s * 1e3:8.2f} ms/call  ({speedup:.2f}x eager: {verdict} eager here, "
+          "median of 15 paired rounds)")
 
     record = tpu_inductor.report.current()
     for graph in record.graphs:

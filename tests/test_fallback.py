@@ -104,6 +104,22 @@ def test_a_weight_view_runs_in_the_island_that_reads_it():
     assert all("aten.t.default" not in i.ops and "aten.permute.default" not in i.ops for i in graph.islands if i is not with_matmul)
 
 
+def test_parameter_only_work_runs_in_the_island_that_reads_it():
+    """BatchNorm-style scale arithmetic on inputs alone, read after an eager
+    op: it joins the reading island (where XLA fuses it into its use)
+    instead of being written out by a first island on every call."""
+
+    def f(a, w, var):
+        scale = w * torch.rsqrt(var + 1e-5)
+        return torch.special.i0(a.sin()) * scale
+
+    a, w, var = torch.randn(4, 8), torch.randn(8), torch.rand(8) + 0.5
+    torch.testing.assert_close(compiled(f)(a, w, var), f(a, w, var))
+    (graph,) = report.current().graphs
+    (with_scale,) = [i for i in graph.islands if "aten.rsqrt.default" in i.ops]
+    assert "aten.mul.Tensor" in with_scale.ops and "aten.sin.default" not in with_scale.ops
+
+
 def test_fallback_record_names_op_reason_and_source_line():
     a = torch.randn(4, 8)
     compiled(one_fallback)(a)

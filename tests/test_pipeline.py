@@ -27,7 +27,11 @@ def test_a_skipped_stage_says_why_and_the_order_is_the_pipelines(facts):
 def test_static_and_symbolic_graphs_differ_only_by_the_stated_exclusions():
     every = {stage.name for stage in STAGES}
     assert every - set(stages_for(STATIC)) == {"padding_safety", "padded_positions", "hoist_sizes"}
-    assert every - set(stages_for(SYMBOLIC)) == {"small_convolutions_as_matmuls"}
+    assert every - set(stages_for(SYMBOLIC)) == {
+        "small_convolutions_as_matmuls",
+        "depthwise_convolutions_as_taps",
+        "convolutions_as_batched_matmuls",
+    }
 
 
 def test_both_paths_run_the_pipeline_they_declare(monkeypatch):

@@ -42,6 +42,7 @@ from tpu_inductor.runtime import (
 )
 from tpu_inductor.runtime.disk_cache import LEARNED_UNSUPPORTED, DiskCache
 from tpu_inductor.runtime.executable import TensorSpec, versions_digest
+from tpu_inductor.runtime.threads import eager_workers_compete
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ class CompileContext:
     def checks_tpu_readiness(self) -> bool:
         """Read each compiled module for what a TPU could not run (lowering/tpu_readiness.py)."""
         return self.config.tpu_readiness or self.platform.name == "tpu"
+
+    @property
+    def releases_eager_workers(self) -> bool:
+        """Islands that follow eager kernels stop OpenMP's spinning workers
+        first: XLA:CPU runs on the same cores (runtime/threads.py)."""
+        return eager_workers_compete(self.platform.name == "cpu")
 
 
 _support_tables: dict[Optional[str], SupportTable] = {}
@@ -297,7 +304,7 @@ def build_compiled_graph(
             island_record.results_kept = True
             run = ReusedResults(run).run
         devices[island.name] = run
-    fused = fuse_islands(gm, plan, devices)
+    fused = fuse_islands(gm, plan, devices, context.releases_eager_workers)
     fused.meta[_RECORD_KEY] = record  # execution counts
     if SEED_META in gm.meta:
         fused.meta[SEED_META] = gm.meta[SEED_META]

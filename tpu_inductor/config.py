@@ -156,6 +156,14 @@ class Config:
     client starts, so it is not an option; it is read here because flags change
     compiled code and so belong in every executable cache key."""
 
+    pjrt_nproc: Optional[int] = dataclasses.field(
+        default=None, metadata={"env": "PJRT_NPROC", "option": False, "kind": "count"}
+    )
+    """The ``PJRT_NPROC`` environment value: the size of XLA:CPU's intra-op
+    thread pool, read when the CPU client starts (XLA's own variable, so not
+    an option). Unset: as many threads as ``torch.get_num_threads()`` then,
+    so that ``torch.set_num_threads`` sets both runtimes' threads."""
+
     @property
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or _default_cache_dir(os.environ))

@@ -33,6 +33,8 @@ from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
 from tpu_inductor.lowering.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
+from tpu_inductor.passes.convolutions_as_batched_matmuls import convolutions_as_batched_matmuls
+from tpu_inductor.passes.depthwise_convolutions_as_taps import depthwise_convolutions_as_taps
 from tpu_inductor.passes.device_random import device_random
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padded_positions import padded_positions
@@ -123,16 +125,29 @@ def _small_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx
     return small_convolutions_as_matmuls(gm)
 
 
+def _depthwise_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return depthwise_convolutions_as_taps(gm)
+
+
+def _batched_matmul_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return convolutions_as_batched_matmuls(gm)
+
+
 def _only_symbolic(why: str) -> Callable[[GraphFacts], Optional[str]]:
     return lambda facts: None if facts.symbolic else why
 
 
-def _static_cpu(facts: GraphFacts) -> Optional[str]:
-    if facts.platform != "cpu":
-        return "only XLA:CPU's convolution is slow on few output positions"
-    if facts.symbolic:
-        return "the number of output positions must be known"
-    return None
+def _static_cpu(why_cpu: str) -> Callable[[GraphFacts], Optional[str]]:
+    """Run on static graphs for the CPU client only: ``why_cpu`` says why other platforms skip."""
+
+    def skip(facts: GraphFacts) -> Optional[str]:
+        if facts.platform != "cpu":
+            return why_cpu
+        if facts.symbolic:
+            return "the rewrite is built from sizes known at compile time"
+        return None
+
+    return skip
 
 
 STAGES: tuple[Stage, ...] = (
@@ -149,7 +164,24 @@ STAGES: tuple[Stage, ...] = (
     # input after every valid_<size> input.
     Stage("device_random", _device_random, _unless_fallback_random),
     Stage("hoist_sizes", _hoist_sizes, _only_symbolic("static shapes: every size is a constant")),
-    Stage("small_convolutions_as_matmuls", _small_convolutions, _static_cpu),
+    Stage(
+        "small_convolutions_as_matmuls",
+        _small_convolutions,
+        _static_cpu("only XLA:CPU's convolution is slow on few output positions"),
+    ),
+    # Before placement: as taps, the convolution fuses with its neighbours
+    # on the device instead of being timed against oneDNN (kernel choice).
+    Stage(
+        "depthwise_convolutions_as_taps",
+        _depthwise_convolutions,
+        _static_cpu("only XLA:CPU's depthwise convolution is slow"),
+    ),
+    # After small_convolutions_as_matmuls, which takes the ones with few output positions.
+    Stage(
+        "convolutions_as_batched_matmuls",
+        _batched_matmul_convolutions,
+        _static_cpu("only XLA:CPU transposes around each convolution of a channels-first graph"),
+    ),
 )
 
 

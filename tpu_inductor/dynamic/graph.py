@@ -284,7 +284,9 @@ class DynamicShapeGraph:
             gm, support, self.record, self.context, build, probe, learn_for_later=False
         )
         settle_eager(plan, self.context.config.strict, self.record)
-        fused = fuse_islands(gm, plan, {name: target.run for name, target in islands.items()})
+        fused = fuse_islands(
+            gm, plan, {name: target.run for name, target in islands.items()}, self.context.releases_eager_workers
+        )
         return fused, list(islands.values())
 
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:

@@ -6,8 +6,10 @@ in 24.6 ms with every convolution in XLA and in 19.0 ms with them in eager
 (Inductor: 18.4 ms); the islands between the convolutions still fuse
 BatchNorm, ReLU and the residual adds. Which kernel wins depends on shapes,
 so each candidate signature (op, input shapes and dtypes, arguments) is timed
-once both ways on random inputs, and the decision is kept beside the cache so
-that later compiles and processes choose the same way.
+once both ways on random inputs, at the process's thread counts (PyTorch's
+and XLA's pool: runtime/threads.py), and the decision is kept beside the
+cache, keyed by both counts, so that later compiles and processes with the
+same threads choose the same way.
 
 A 2-D convolution chosen for eager runs channels-last, and the pointwise
 ops around it follow (passes/channels_last.py); it is timed that way.
@@ -91,9 +93,15 @@ _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 class KernelChooser:
     """Decides, per candidate node, whether PyTorch's kernel should run it."""
 
-    def __init__(self, timings: PersistedDict, time_xla: Callable[[torch.fx.GraphModule, list], float]):
+    def __init__(
+        self,
+        timings: PersistedDict,
+        time_xla: Callable[[torch.fx.GraphModule, list], float],
+        xla_threads: Optional[int] = None,
+    ):
         self._timings = timings
         self._time_xla = time_xla
+        self._xla_threads = xla_threads
 
     @classmethod
     def for_platform(cls, platform, cache_root: Optional[Path]) -> Optional["KernelChooser"]:
@@ -113,7 +121,7 @@ class KernelChooser:
             executable = DeviceExecutable(loaded, platform, lowered.output_specs, name="kernel timing")
             return _median_seconds(lambda: executable(*inputs))
 
-        return cls(PersistedDict(path), time_xla)
+        return cls(PersistedDict(path), time_xla, platform.xla_threads)
 
     def eager_choices(self, gm: torch.fx.GraphModule, lowers: Callable[[torch.fx.Node], bool]) -> dict:
         """Node -> reason, for the candidate nodes that should run in eager."""
@@ -121,9 +129,13 @@ class KernelChooser:
         for node in gm.graph.nodes:
             if node.op != "call_function" or not _is_candidate(node) or not lowers(node):
                 continue
-            key = _signature(node)
-            if key is None:
+            signature = _signature(node)
+            if signature is None:
                 continue
+            # Which kernel wins depends on how many threads each has: a
+            # timing taken under torch.set_num_threads(1) does not decide a
+            # process on every core.
+            key = f"{signature} @ {torch.get_num_threads()} torch / {self._xla_threads} XLA threads"
             timing = self._timings.get(key)
             if timing is None:
                 timing = self._measure(gm, node)

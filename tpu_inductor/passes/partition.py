@@ -245,46 +245,43 @@ def _partitions_by_eager_depth(
             group[node] = (level[node], node not in frozen)
         else:
             level[node] = max((after(m) for m in node.all_input_nodes), default=0)
-    _sink_input_layouts(gm, group)
+    _sink_input_only_work(gm, group)
     by_island: dict[tuple[int, bool], list[torch.fx.Node]] = {}
     for node, island in group.items():
         by_island.setdefault(island, []).append(node)
     return [Partition(id=index, nodes=by_island[island]) for index, island in enumerate(sorted(by_island))]
 
 
-LAYOUT_OPS = TRANSPOSE_OPS | frozenset(
-    {
-        torch.ops.aten.view.default,
-        torch.ops.aten._unsafe_view.default,
-        torch.ops.aten.reshape.default,
-        torch.ops.aten.unsqueeze.default,
-        torch.ops.aten.squeeze.dim,
-        torch.ops.aten.expand.default,
-    }
-)
-"""Ops that only re-describe their input's elements (free inside an island)."""
+def _sink_input_only_work(gm: torch.fx.GraphModule, group: dict[torch.fx.Node, tuple[int, bool]]) -> None:
+    """Move what is computed from graph inputs alone into the one island that reads it.
 
-
-def _sink_input_layouts(gm: torch.fx.GraphModule, group: dict[torch.fx.Node, tuple[int, bool]]) -> None:
-    """Move views of graph inputs into the island that reads them.
-
-    A view of a parameter (``t(weight)`` for a matmul) depends on nothing
-    computed, so it lands in the first island; that island then writes it
-    out as a new buffer on every call for a later island to read. In the
-    reader's island XLA folds it into the op instead (a transpose into the
-    dot's dimension numbers). transformers' ResNet-18 at batch 8, 64x64:
-    its first island wrote 8.4M transposed weights a call, 38.5 ms.
+    Such a node depends on nothing computed, so it lands in the first island,
+    which then writes it out as a new buffer on every call for a later
+    island to read. In the reader's island XLA folds it into its use: a
+    view of a parameter (``t(weight)`` for a matmul) becomes the dot's
+    dimension numbers, BatchNorm's ``weight * rsqrt(var + eps)`` fuses into
+    the normalisation. transformers' ResNet-18 at batch 8, 64x64: its first
+    island wrote 8.4M transposed weights a call, 38.5 ms; a MobileNet-style
+    model whose first convolution runs on oneDNN had 139 BatchNorm scale
+    ops before it, each a new tensor for the main island to import a call.
+    Frozen nodes stay where they are (their island's results are kept).
     """
-    views_of_inputs: dict[torch.fx.Node, None] = {}  # in graph order; a set's lookups keep this linear
+    input_only: dict[torch.fx.Node, None] = {}  # in graph order; a set's lookups keep this linear
     for node in gm.graph.nodes:
-        if node in group and node.target in LAYOUT_OPS and all(
-            m.op in ("placeholder", "get_attr") or m in views_of_inputs for m in node.all_input_nodes
+        if (
+            node in group
+            and group[node][1]
+            and node.target is not operator.getitem
+            and not _only_getitem_users(node)
+            and all(m.op in ("placeholder", "get_attr") or m in input_only for m in node.all_input_nodes)
         ):
-            views_of_inputs[node] = None
-    for node in reversed(views_of_inputs):  # readers first: a chain of views moves whole
+            input_only[node] = None
+    for node in reversed(input_only):  # readers first: a chain moves whole
         readers = {group.get(user) for user in node.users}
         if len(readers) == 1 and None not in readers:  # not read by eager code, the output or two islands
-            group[node] = readers.pop()
+            reader = readers.pop()
+            if reader[1]:
+                group[node] = reader
 
 
 def _only_getitem_users(node: torch.fx.Node) -> bool:
@@ -292,16 +289,23 @@ def _only_getitem_users(node: torch.fx.Node) -> bool:
 
 
 def fuse_islands(
-    gm: torch.fx.GraphModule, plan: PartitionPlan, run_island: Mapping[str, Callable[..., Any]]
+    gm: torch.fx.GraphModule,
+    plan: PartitionPlan,
+    run_island: Mapping[str, Callable[..., Any]],
+    release_eager_workers: bool = False,
 ) -> torch.fx.GraphModule:
     """Rewrite ``gm`` so each island is one call of ``run_island[island name]``.
 
     The islands are called as plain functions rather than submodules: a
     ``call_module`` node pays ``nn.Module.__call__`` (hook dispatch) on every
     call, about 2.5 us per island, for hooks nothing here installs.
+    ``release_eager_workers``: an island that follows eager compute first
+    stops OpenMP's spinning workers, whose cores it shares (runtime/threads.py).
     """
     from torch.fx._lazy_graph_module import _LazyGraphModule
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    from tpu_inductor.runtime.threads import after_releasing_eager_workers
 
     fused = fuse_by_partitions(
         gm,
@@ -309,8 +313,15 @@ def fuse_islands(
         prefix=ISLAND_PREFIX,
         always_return_tuple=True,
     )
-    for node in fused.graph.find_nodes(op="call_module"):
-        node.op, node.target = "call_function", run_island[node.target]
+    eager_since_island = False
+    for node in fused.graph.nodes:
+        if node.op == "call_module":
+            node.op, node.target = "call_function", run_island[node.target]
+            if release_eager_workers and eager_since_island:
+                node.target = after_releasing_eager_workers(node.target)
+            eager_since_island = False
+        elif node.op == "call_function" and is_compute(node):
+            eager_since_island = True
     fused = eager_views_as_reshape(fused)
     fused.delete_all_unused_submodules()
     fused.recompile()

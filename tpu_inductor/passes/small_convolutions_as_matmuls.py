@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from tpu_inductor.passes import convolution_taps as taps
 from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
@@ -46,53 +47,27 @@ building the patches cost more than XLA's convolution."""
 
 
 def small_convolutions_as_matmuls(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    convolutions = [n for n in gm.graph.find_nodes(op="call_function", target=aten.convolution.default) if _qualifies(n)]
-    for node in convolutions:
-        with gm.graph.inserting_before(node):
-            _rewrite(GraphBuilder(gm.graph, node))
-    if convolutions:
-        gm.recompile()
-    return gm
+    return taps.rewrite_convolutions(gm, _qualifies, _rewrite)
 
 
 def _qualifies(node: torch.fx.Node) -> bool:
-    x, w, bias, _stride, _padding, _dilation, transposed, _output_padding, groups = node.args
-    output = node.meta.get("val")
-    values = [a.meta.get("val") for a in (x, w)]
-    if transposed or groups != 1 or not isinstance(output, torch.Tensor) or output.dim() != 4:
+    values = taps.static_convolution(node)
+    if values is None or node.args[8] != 1 or not values[1].is_contiguous():
         return False
-    if not all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in values):
-        return False
-    shapes = [*output.shape, *values[0].shape, *values[1].shape]
-    if not all(isinstance(s, int) for s in shapes) or not values[1].is_contiguous():
-        return False
-    batch, _, height, width = output.shape
+    batch, _, height, width = values[2].shape
     return batch * height * width <= MAX_ROWS
-
-
-def _pair(values: list[int]) -> list[int]:
-    """aten.convolution takes one value for both spatial dims too ("valid" padding: [0])."""
-    return list(values) * 2 if len(values) == 1 else list(values)
 
 
 def _rewrite(build: GraphBuilder) -> None:
     node = build.anchor
     x, w, bias = node.args[:3]
-    stride, padding, dilation = (_pair(v) for v in node.args[3:6])
+    stride, padding, dilation = (taps.pair(v) for v in node.args[3:6])
     batch, out_channels, out_height, out_width = node.meta["val"].shape
     in_channels, kernel_h, kernel_w = w.meta["val"].shape[1:]
-    padded = build.call(aten.constant_pad_nd.default, x, [padding[1], padding[1], padding[0], padding[0]], 0.0)
-    taps = []
-    for i in range(kernel_h):
-        for j in range(kernel_w):
-            rows = build.call(
-                aten.slice.Tensor, padded, 2, i * dilation[0], i * dilation[0] + stride[0] * (out_height - 1) + 1, stride[0]
-            )
-            tap = build.call(
-                aten.slice.Tensor, rows, 3, j * dilation[1], j * dilation[1] + stride[1] * (out_width - 1) + 1, stride[1]
-            )
-            taps.append(build.call(aten.unsqueeze.default, tap, 2))
-    patches = build.call(aten.cat.default, taps, 2)  # [N, C, kh*kw, Ho, Wo]
+    padded = taps.padded_input(build, x, padding)
+    slices = taps.window_taps(build, padded, (kernel_h, kernel_w), stride, dilation, (out_height, out_width))
+    unsqueezed = [build.call(aten.unsqueeze.default, tap, 2) for row in slices for tap in row]
+    patches = build.call(aten.cat.default, unsqueezed, 2)  # [N, C, kh*kw, Ho, Wo]
     positions_first = build.call(aten.permute.default, patches, [0, 3, 4, 1, 2])
     dense = build.call(aten.clone.default, positions_first, memory_format=torch.contiguous_format)
     patch_size = in_channels * kernel_h * kernel_w

@@ -51,7 +51,7 @@ def _moments(x: torch.Tensor, dim: Optional[Sequence[int]], correction, keepdim:
 
 
 def _from_moments(finish: Callable[..., Any]) -> Callable[..., Any]:
-    """A decomposition that computes the moments once and ``finish``\ es them:
+    """A decomposition that computes the moments once and hands them to ``finish``:
     ``finish(variance, mean, dtype)``, both still in float32 (or float64)."""
 
     def decomposition(x, dim=None, *, correction=None, keepdim=False):

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import importlib.util
 import logging
+import os
 from typing import Any, Optional, Sequence
 
 import torch
@@ -32,6 +33,8 @@ class Platform:
     name: str
     client: Any  # jaxlib._jax.Client
     device: Any  # jaxlib._jax.Device
+    xla_threads: Optional[int] = None
+    """The CPU client's intra-op pool size (None on other platforms)."""
     zero_copy: bool = True
     """False makes even the CPU client copy tensors in and out, exercising the
     path a TPU takes (device-resident parameters) on any machine."""
@@ -55,7 +58,7 @@ class Platform:
         return str(self.client.platform_version)
 
 
-def _make_cpu_client() -> Any:
+def _make_cpu_client() -> tuple[Any, int]:
     """Our own CPU client, executing on the calling thread.
 
     jax's shared client dispatches asynchronously: the computation ends on an
@@ -65,10 +68,24 @@ def _make_cpu_client() -> Any:
     exception``, about one run in six). Synchronous execution releases the
     inputs on the caller's thread, under the GIL, before the call returns;
     callers wait for the outputs anyway, and tiny graphs skip a thread handoff.
+
+    Its intra-op pool gets PyTorch's thread count (runtime/threads.py); XLA
+    reads the size from ``PJRT_NPROC`` as the client starts.
     """
     from jaxlib import xla_client
 
-    return xla_client.make_cpu_client(asynchronous=False)
+    from tpu_inductor.config import Config
+    from tpu_inductor.runtime.threads import xla_cpu_threads
+
+    threads, before = xla_cpu_threads(Config.load().pjrt_nproc), os.environ.get("PJRT_NPROC")
+    os.environ["PJRT_NPROC"] = str(threads)
+    try:
+        client = xla_client.make_cpu_client(asynchronous=False)
+    finally:
+        if before is None:
+            del os.environ["PJRT_NPROC"]
+    log.debug("tpu_inductor: XLA:CPU client with %d intra-op threads", threads)
+    return client, threads
 
 
 def _tpu_available() -> bool:
@@ -120,20 +137,20 @@ def _log_choice_once(name: str, why: str) -> None:
 
 def get_platform(name: str, zero_copy: bool = True) -> Platform:
     """The PJRT client for ``name``; raises with an install hint when missing."""
-    client, device = _client(name)
-    return Platform(name=name, client=client, device=device, zero_copy=zero_copy)
+    client, device, threads = _client(name)
+    return Platform(name=name, client=client, device=device, xla_threads=threads, zero_copy=zero_copy)
 
 
 @functools.cache
-def _client(name: str) -> tuple[Any, Any]:
+def _client(name: str) -> tuple[Any, Any, Optional[int]]:
     from jax._src import xla_bridge
 
     try:
-        client = _make_cpu_client() if name == "cpu" else xla_bridge.get_backend(name)
+        client, threads = _make_cpu_client() if name == "cpu" else (xla_bridge.get_backend(name), None)
     except RuntimeError as exc:
         raise PlatformUnavailableError(
             f"PJRT platform {name!r} is not available here ({exc}). "
             f"To use it: {INSTALL_HINT.get(name, 'install its PJRT plugin')}; "
             "or choose another with the 'platform' option / TPU_INDUCTOR_PLATFORM."
         ) from None
-    return client, client.local_devices()[0]
+    return client, client.local_devices()[0], threads

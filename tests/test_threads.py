@@ -1,0 +1,85 @@
+"""One thread budget for PyTorch's kernels and XLA:CPU's (runtime/threads.py).
+
+Speed is not asserted (timings are not tests); what is: where the release
+of OpenMP's workers goes, that XLA's pool follows the configured size, and
+that kernel timings are kept per thread count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import tpu_inductor.compiled_graph as compiled_graph
+import tpu_inductor.report as report
+import tpu_inductor.runtime.threads as threads
+from tpu_inductor.config import Config
+from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.runtime.platform import get_platform
+
+
+def _island_calls(monkeypatch):
+    """Count the releases that happen while a compiled function runs."""
+    released = []
+    monkeypatch.setattr(threads, "release_eager_workers", lambda: released.append(1))
+    return released
+
+
+def test_an_island_after_eager_compute_releases_the_workers_first(monkeypatch):
+    released = _island_calls(monkeypatch)
+    monkeypatch.setattr(compiled_graph, "eager_workers_compete", lambda shares: shares)  # even on one core
+
+    def f(a):
+        return torch.special.i0(a.sin()).cos()  # island, eager i0, island
+
+    a = torch.randn(64)
+    compiled = torch.compile(f, backend="tpu", options={"cache": False})
+    torch.testing.assert_close(compiled(a), f(a))
+    (graph,) = report.current().graphs
+    assert len(graph.islands) == 2
+    assert len(released) == 1  # before the second island only
+    compiled(a)
+    assert len(released) == 2
+
+
+def test_nothing_is_released_with_one_thread(monkeypatch):
+    released = _island_calls(monkeypatch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        f = torch.compile(lambda a: torch.special.i0(a.sin()).cos(), backend="tpu", options={"cache": False})
+        f(torch.randn(64))
+    finally:
+        torch.set_num_threads(before)
+    assert released == []
+
+
+def test_the_openmp_runtime_beside_torch_can_release_its_workers():
+    """torch's CPU wheels ship libgomp, which has omp_pause_resource_all."""
+    assert threads._omp_pause() is not None
+    threads.release_eager_workers()
+    torch.testing.assert_close(torch.ones(1 << 16).sum(), torch.tensor(float(1 << 16)))  # and work goes on
+
+
+def test_xla_pool_follows_the_configured_size_else_torch():
+    assert threads.xla_cpu_threads(3) == 3
+    assert threads.xla_cpu_threads(None) == torch.get_num_threads()
+    assert Config.load(environ={"PJRT_NPROC": "4"}).pjrt_nproc == 4
+    assert get_platform("cpu").xla_threads == threads.xla_cpu_threads(Config.load().pjrt_nproc)
+
+
+def test_kernel_timings_are_kept_per_thread_count(monkeypatch, tmp_path):
+    measured = []
+    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (measured.append(node), (1e-3, 2e-3))[1])
+    monkeypatch.setattr(compiled_graph, "_kernel_choosers", {})
+    model = torch.nn.Conv2d(8, 8, 3, padding=1).eval()
+    x = torch.randn(2, 8, 16, 16)
+    before = torch.get_num_threads()
+    try:
+        for count in (1, 2, 1):
+            torch._dynamo.reset()
+            torch.set_num_threads(count)
+            with torch.no_grad():
+                torch.compile(model, backend="tpu", options={"cache_dir": str(tmp_path)})(x)
+    finally:
+        torch.set_num_threads(before)
+    assert len(measured) == 2  # one timing per thread count; the third compile reuses the first's

@@ -1,0 +1,88 @@
+"""What the passes that rebuild a 2-D convolution from simpler ops share
+(small_convolutions_as_matmuls.py, depthwise_convolutions_as_taps.py,
+convolutions_as_batched_matmuls.py): which convolutions they may take, the
+loop that rewrites them, and the window taps as strided slices.
+
+Tap ``(i, j)`` is the input, padded, sliced so that output position
+``(y, x)`` reads input position ``(y * stride + i * dilation, x * stride +
+j * dilation)``: the convolution is ``sum over taps of tap * weight[..., i, j]``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.fx
+
+from tpu_inductor.passes.rewrite import GraphBuilder
+
+aten = torch.ops.aten
+
+
+def static_convolution(node: torch.fx.Node) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(input, weight, output) fake values of a forward 2-D float convolution
+    whose every size is known; None for any other."""
+    x, w, _bias, _stride, _padding, _dilation, transposed, _output_padding, _groups = node.args
+    output = node.meta.get("val")
+    if transposed or not isinstance(output, torch.Tensor) or output.dim() != 4:
+        return None
+    if not (isinstance(x, torch.fx.Node) and isinstance(w, torch.fx.Node)):
+        return None
+    values = (x.meta.get("val"), w.meta.get("val"))
+    if not all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in values):
+        return None
+    if not all(isinstance(s, int) for s in [*output.shape, *values[0].shape, *values[1].shape]):
+        return None
+    return values[0], values[1], output
+
+
+def rewrite_convolutions(
+    gm: torch.fx.GraphModule,
+    qualifies: Callable[[torch.fx.Node], bool],
+    rewrite: Callable[[GraphBuilder], None],
+) -> torch.fx.GraphModule:
+    """``rewrite`` every ``aten.convolution`` node that ``qualifies``, in place of it."""
+    convolutions = [n for n in gm.graph.find_nodes(op="call_function", target=aten.convolution.default) if qualifies(n)]
+    for node in convolutions:
+        with gm.graph.inserting_before(node):
+            rewrite(GraphBuilder(gm.graph, node))
+    if convolutions:
+        gm.recompile()
+    return gm
+
+
+def pair(values: Sequence[int]) -> list[int]:
+    """aten.convolution takes one value for both spatial dims too ("valid" padding: [0])."""
+    return list(values) * 2 if len(values) == 1 else list(values)
+
+
+def padded_input(build: GraphBuilder, x: torch.fx.Node, padding: Sequence[int]) -> torch.fx.Node:
+    """``x`` with the convolution's zero padding on both spatial dims."""
+    if not any(padding):
+        return x
+    return build.call(aten.constant_pad_nd.default, x, [padding[1], padding[1], padding[0], padding[0]], 0.0)
+
+
+def window_taps(
+    build: GraphBuilder,
+    padded: torch.fx.Node,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    output_size: Sequence[int],
+) -> list[list[torch.fx.Node]]:
+    """``taps[i][j]``: the ``[N, C, Ho, Wo]`` slice of ``padded`` that kernel tap ``(i, j)`` reads."""
+    out_height, out_width = output_size
+    taps = []
+    for i in range(kernel[0]):
+        start = i * dilation[0]
+        rows = build.call(aten.slice.Tensor, padded, 2, start, start + stride[0] * (out_height - 1) + 1, stride[0])
+        row_taps = []
+        for j in range(kernel[1]):
+            start = j * dilation[1]
+            row_taps.append(
+                build.call(aten.slice.Tensor, rows, 3, start, start + stride[1] * (out_width - 1) + 1, stride[1])
+            )
+        taps.append(row_taps)
+    return taps

@@ -1,0 +1,86 @@
+"""Run depthwise convolutions as a sum of shifted, scaled slices (CPU client).
+
+Why: XLA:CPU's grouped convolution with one channel per group (MobileNet's
+depthwise 3x3 and 5x5) takes milliseconds where the same sums written as
+elementwise multiply-adds take microseconds. 2 CPU cores, default threads,
+input [N, C, H, W], kernel k, stride s:
+
+    input, k, s           XLA conv   as taps   PyTorch (oneDNN)
+    [8, 64, 32, 32], 3, 2  6.25 ms   0.26 ms   0.18 ms
+    [8, 72, 16, 16], 3, 1  5.59 ms   0.22 ms   0.17 ms
+    [8, 240, 8, 8], 5, 1   5.67 ms   0.17 ms   0.12 ms
+    [8, 576, 8, 8], 5, 2   5.56 ms   0.31 ms   0.13 ms
+
+The taps form is one loop fusion, so the BatchNorm and activation around the
+convolution fuse into it instead of each making a pass over memory (and
+instead of kernel choice sending the convolution to oneDNN, which split a
+MobileNet-style model into 14 islands). Channels-first taps measured faster
+than channels-last ones (XLA:CPU vectorises along the contiguous width).
+
+Static 2-D convolutions whose groups equal the input channels and the output
+channels (multiplier 1); the sum of the same products in another order.
+Half-precision inputs are summed in float32, as oneDNN accumulates.
+
+Before::
+
+    y = aten.convolution(x, w, b, stride, padding, dilation, False, [0, 0], groups=C)  # w: [C, 1, kh, kw]
+
+After::
+
+    xp = aten.constant_pad_nd(x, [pw, pw, ph, ph])
+    y = sum(xp[:, :, i::s, j::s] * view(w[:, 0, i, j], [1, C, 1, 1]) for i, j in kh x kw) + view(b, [1, C, 1, 1])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from tpu_inductor.passes import convolution_taps as taps
+from tpu_inductor.passes.rewrite import GraphBuilder
+
+aten = torch.ops.aten
+
+_ACCUMULATE_IN_FLOAT32 = frozenset({torch.bfloat16, torch.float16})
+
+
+def depthwise_convolutions_as_taps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    return taps.rewrite_convolutions(gm, _qualifies, _rewrite)
+
+
+def _qualifies(node: torch.fx.Node) -> bool:
+    values = taps.static_convolution(node)
+    if values is None:
+        return False
+    x, w, output = values
+    channels = x.shape[1]
+    return node.args[8] == channels > 1 and tuple(w.shape[:2]) == (channels, 1) and output.shape[1] == channels
+
+
+def _rewrite(build: GraphBuilder) -> None:
+    node = build.anchor
+    x, w, bias = node.args[:3]
+    stride, padding, dilation = (taps.pair(v) for v in node.args[3:6])
+    output = node.meta["val"]
+    channels, _, kernel_h, kernel_w = w.meta["val"].shape
+    widened = output.dtype in _ACCUMULATE_IN_FLOAT32
+    if widened:
+        x, w = (build.call(torch.ops.prims.convert_element_type.default, v, torch.float32) for v in (x, w))
+        if bias is not None:
+            bias = build.call(torch.ops.prims.convert_element_type.default, bias, torch.float32)
+    padded = taps.padded_input(build, x, padding)
+    slices = taps.window_taps(build, padded, (kernel_h, kernel_w), stride, dilation, output.shape[2:])
+    total = None
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            scale = build.call(aten.select.int, build.call(aten.select.int, w, 3, j), 2, i)  # [C, 1]
+            term = build.call(aten.mul.Tensor, slices[i][j], build.call(aten.view.default, scale, [1, channels, 1, 1]))
+            total = term if total is None else build.call(aten.add.Tensor, total, term)
+    if bias is not None:
+        total = build.call(aten.add.Tensor, total, build.call(aten.view.default, bias, [1, channels, 1, 1]))
+    if widened:
+        total = build.call(torch.ops.prims.convert_element_type.default, total, output.dtype)
+    if not total.meta["val"].is_contiguous():
+        # The convolution's own (contiguous) layout, for any eager reader.
+        total = build.call(aten.clone.default, total, memory_format=torch.contiguous_format)
+    build.replace_anchor(total)
