@@ -805,7 +805,7 @@ def main(argv: Sequence[str]) -> int:
         dynamic_repeats=1 if args.quick else 3,
     )
     load_start = os.getloadavg()[0]
-    pins = " ".join(f"{k}={os.environ[k]!r}" for k in PINNED)
+    pins = " ".join(f"{k}={os.environ.get(k)!r}" for k in PINNED)
     print(f"threads={THREADS} {pins} allocator={ALLOCATOR} load={load_start:.2f}", flush=True)
     setup_s = prime_backends()
     results: dict[str, Any] = {}
@@ -821,7 +821,7 @@ def main(argv: Sequence[str]) -> int:
         "meta": {
             "date": time.strftime("%Y-%m-%d"),
             "threads": THREADS,
-            "environment": {k: os.environ[k] for k in PINNED},
+            "environment": {k: os.environ.get(k) for k in PINNED},
             "allocator": ALLOCATOR,
             "cpu_count": os.cpu_count(),
             "load_start": load_start,
