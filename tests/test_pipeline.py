@@ -30,7 +30,7 @@ def test_static_and_symbolic_graphs_differ_only_by_the_stated_exclusions():
     assert every - set(stages_for(SYMBOLIC)) == {
         "small_convolutions_as_matmuls",
         "depthwise_convolutions_as_taps",
-        "convolutions_as_batched_matmuls",
+        "pointwise_convolutions_as_matmuls",
     }
 
 

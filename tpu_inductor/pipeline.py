@@ -33,13 +33,13 @@ from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
 from tpu_inductor.lowering.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
-from tpu_inductor.passes.convolutions_as_batched_matmuls import convolutions_as_batched_matmuls
 from tpu_inductor.passes.depthwise_convolutions_as_taps import depthwise_convolutions_as_taps
 from tpu_inductor.passes.device_random import device_random
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.passes.partition import Island, PartitionPlan, propose_islands
+from tpu_inductor.passes.pointwise_convolutions_as_matmuls import pointwise_convolutions_as_matmuls
 from tpu_inductor.passes.real_lengths import RealLengths
 from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
 from tpu_inductor.reporting import hooks
@@ -129,8 +129,8 @@ def _depthwise_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torc
     return depthwise_convolutions_as_taps(gm)
 
 
-def _batched_matmul_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
-    return convolutions_as_batched_matmuls(gm)
+def _pointwise_convolutions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return pointwise_convolutions_as_matmuls(gm)
 
 
 def _only_symbolic(why: str) -> Callable[[GraphFacts], Optional[str]]:
@@ -178,8 +178,8 @@ STAGES: tuple[Stage, ...] = (
     ),
     # After small_convolutions_as_matmuls, which takes the ones with few output positions.
     Stage(
-        "convolutions_as_batched_matmuls",
-        _batched_matmul_convolutions,
+        "pointwise_convolutions_as_matmuls",
+        _pointwise_convolutions,
         _static_cpu("only XLA:CPU transposes around each convolution of a channels-first graph"),
     ),
 )

@@ -1,6 +1,6 @@
 """What the passes that rebuild a 2-D convolution from simpler ops share
 (small_convolutions_as_matmuls.py, depthwise_convolutions_as_taps.py,
-convolutions_as_batched_matmuls.py): which convolutions they may take, the
+pointwise_convolutions_as_matmuls.py): which convolutions they may take, the
 loop that rewrites them, and the window taps as strided slices.
 
 Tap ``(i, j)`` is the input, padded, sliced so that output position
