@@ -83,3 +83,19 @@ def test_kernel_timings_are_kept_per_thread_count(monkeypatch, tmp_path):
     finally:
         torch.set_num_threads(before)
     assert len(measured) == 2  # one timing per thread count; the third compile reuses the first's
+
+
+def test_an_optimizer_step_run_in_place_releases_the_workers_after_it(monkeypatch):
+    """The step runs on PyTorch's kernels; the next step's islands follow it."""
+    released = _island_calls(monkeypatch)
+    monkeypatch.setattr(compiled_graph, "eager_workers_compete", lambda shares: shares)  # even on one core
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = torch.compile(optimizer.step, backend="tpu", options={"cache": False})
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.randn(8, 16)).square().mean().backward()
+        step()
+    in_place = [g for g in report.current().graphs if any(k.op == "in-place update graph" for k in g.eager_kernels)]
+    assert in_place and len(released) == sum(g.executions for g in in_place)

@@ -28,6 +28,7 @@ from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.in_place_updates import in_place_update_reason
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.reporting import hooks
+from tpu_inductor.runtime import threads
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def tpu_backend(
     hooks.on_dynamo_graph(gm, dynamo_trace, context.config.report_dir)
     in_place = in_place_update_reason(gm) if context.kernels is not None else None
     if in_place:
-        return _run_in_place(gm, example_inputs, in_place, dynamo_trace)
+        return _run_in_place(gm, example_inputs, in_place, dynamo_trace, context.releases_eager_workers)
 
     def compiler(kind: str):
         return functools.partial(_compile_aten, kind=kind, context=context, trace=dynamo_trace)
@@ -72,9 +73,17 @@ def tpu_backend(
 
 
 def _run_in_place(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], reason: str, trace: report.TraceRecord
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    reason: str,
+    trace: report.TraceRecord,
+    release_eager_workers: bool,
 ) -> Callable[..., Any]:
-    """Run an in-place update graph as Dynamo traced it (passes/in_place_updates.py)."""
+    """Run an in-place update graph as Dynamo traced it (passes/in_place_updates.py).
+
+    ``release_eager_workers``: stop OpenMP's workers after it, so that the
+    islands of the next step (forward, backward) get every core
+    (runtime/threads.py)."""
     with report.within_trace(trace):
         record = report.new_graph_record(
             "inference",
@@ -87,7 +96,15 @@ def _run_in_place(
         record.executions += 1
         return gm.forward(*args)
 
-    return run
+    if not release_eager_workers:
+        return run
+
+    def run_then_release(*args: Any) -> Any:
+        result = run(*args)
+        threads.release_eager_workers()
+        return result
+
+    return run_then_release
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

@@ -16,6 +16,10 @@ cores, and each runtime sized and scheduled its threads as if alone:
   Releasing costs ~0.1 ms at the next parallel region, which starts its
   workers again; perf.py's ResNet-style CNN (8 convolutions on oneDNN, 3
   islands) measured the same either way. :func:`release_eager_workers`.
+  An optimizer step that runs in place on PyTorch's kernels (backend.py)
+  releases them after it, for the next step's forward and backward: perf.py's
+  MLP training step, each path alone in its process, 17.0/18.5 ms without
+  and 14.2/11.2 ms with (Inductor 17.2/15.1, eager 16.4/11.0; two runs).
 """
 
 from __future__ import annotations
