@@ -293,28 +293,24 @@ def decoder_workload(name: str = "decoder", batch: int = 4, length: int = 128, d
     )
 
 
-def cnn_workload() -> Workload:
-    model = _resnet()
-    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+def image_workload(
+    name: str, description: str, model: nn.Module, forward_jax: Callable[..., jax.Array], shape: tuple[int, ...]
+) -> Workload:
+    """``model`` and its JAX version on one batch of random images."""
+    images = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    jax_images = jnp.asarray(images.numpy())
     return Workload(
-        "cnn", "ResNet-style CNN 32x32, batch 16",
-        {
-            **torch_calls(model, images),
-            "jax": jax_call(resnet_jax, to_jax(model), jnp.asarray(images.numpy())),
-        },
+        name, description, {**torch_calls(model, images), "jax": jax_call(forward_jax, to_jax(model), jax_images)}
     )
+
+
+def cnn_workload() -> Workload:
+    return image_workload("cnn", "ResNet-style CNN 32x32, batch 16", _resnet(), resnet_jax, (16, 3, 32, 32))
 
 
 def mobilenet_workload() -> Workload:
-    model = _mobilenet()
-    images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    return Workload(
-        "mobilenet", "MobileNetV3-style CNN (depthwise 3x3/5x5, squeeze-excite) 64x64, batch 8",
-        {
-            **torch_calls(model, images),
-            "jax": jax_call(mobilenet_jax, to_jax(model), jnp.asarray(images.numpy())),
-        },
-    )
+    description = "MobileNetV3-style CNN (depthwise 3x3/5x5, squeeze-excite) 64x64, batch 8"
+    return image_workload("mobilenet", description, _mobilenet(), mobilenet_jax, (8, 3, 64, 64))
 
 
 def frozen_calls(model: nn.Module, jax_forward: Callable[..., jax.Array], *inputs: torch.Tensor) -> dict[str, Call]:
