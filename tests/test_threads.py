@@ -7,6 +7,8 @@ that kernel timings are kept per thread count.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import tpu_inductor.compiled_graph as compiled_graph
@@ -14,6 +16,7 @@ import tpu_inductor.report as report
 import tpu_inductor.runtime.threads as threads
 from tpu_inductor.config import Config
 from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.runtime import platform
 from tpu_inductor.runtime.platform import get_platform
 
 
@@ -60,11 +63,22 @@ def test_the_openmp_runtime_beside_torch_can_release_its_workers():
     torch.testing.assert_close(torch.ones(1 << 16).sum(), torch.tensor(float(1 << 16)))  # and work goes on
 
 
-def test_xla_pool_follows_the_configured_size_else_torch():
+def test_xla_pool_follows_the_configured_size_else_torch(monkeypatch):
+    """A new CPU client's pool: PJRT_NPROC when set, else PyTorch's count then;
+    the variable is left as it was."""
     assert threads.xla_cpu_threads(3) == 3
-    assert threads.xla_cpu_threads(None) == torch.get_num_threads()
     assert Config.load(environ={"PJRT_NPROC": "4"}).pjrt_nproc == 4
-    assert get_platform("cpu").xla_threads == threads.xla_cpu_threads(Config.load().pjrt_nproc)
+    monkeypatch.setenv("PJRT_NPROC", "3")
+    assert platform._make_cpu_client()[1] == 3
+    monkeypatch.delenv("PJRT_NPROC")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert platform._make_cpu_client()[1] == 1
+    finally:
+        torch.set_num_threads(before)
+    assert "PJRT_NPROC" not in os.environ
+    assert get_platform("cpu").xla_threads >= 1  # the process's client says what it started with
 
 
 def test_kernel_timings_are_kept_per_thread_count(monkeypatch, tmp_path):

@@ -64,8 +64,9 @@ class Config:
 
     eager_kernels: bool = True
     """On the CPU client, use PyTorch's own kernels where they are faster:
-    convolutions and bfloat16/float16 matmuls timed once per shape on oneDNN
-    and on XLA run where they are faster (the timing is kept beside the cache),
+    convolutions and bfloat16/float16 matmuls timed once per shape and thread
+    count on oneDNN and on XLA run where they are faster (the timing is kept
+    beside the cache),
     small pointwise islands next to them run in eager too, and graphs that only update
     their inputs in place (optimizer steps) run in place. Shown in the report
     as choices, not fallbacks. Ignored on other platforms.
