@@ -611,14 +611,10 @@ def evaluate_bars(results: Mapping[str, Any], pinned: bool) -> list[Bar]:
     else the default-settings bars of issue 21."""
     bars: list[Bar] = []
     steady = STEADY if pinned else STEADY_AT_DEFAULTS
-    if pinned:
-        for name in STEADY:
-            if name in results:
-                bars.append(Bar(f"tpu vs jax.jit, {name}", results[name]["speed_ratio"]["jax"], 0.95))
-    else:
-        for name in STEADY_AT_DEFAULTS:
-            if name in results:
-                bars.append(Bar(f"tpu vs eager, {name}", results[name]["speed_ratio"]["eager"], 0.95))
+    reference = "jax" if pinned else "eager"  # what each workload must reach 0.95x of
+    for name in steady:
+        if name in results:
+            bars.append(Bar(f"tpu vs {LABELS[reference]}, {name}", results[name]["speed_ratio"][reference], 0.95))
     if all(name in results for name in steady):
         for other, needed in (("eager", 1.1), ("inductor", 1.0)):
             ratios = [results[name]["speed_ratio"][other] for name in steady]
@@ -845,5 +841,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main(sys.argv[1:]))

@@ -96,15 +96,7 @@ def _run_in_place(
         record.executions += 1
         return gm.forward(*args)
 
-    if not release_eager_workers:
-        return run
-
-    def run_then_release(*args: Any) -> Any:
-        result = run(*args)
-        threads.release_eager_workers()
-        return result
-
-    return run_then_release
+    return threads.then_releasing_eager_workers(run) if release_eager_workers else run
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from tpu_inductor.lowering.mlir_ops import ops_where
+
 WIDE_WEIGHT_ELEMENTS = 1 << 18
 """Below a 1 MB float32 weight the swap's extra transpose and barrier cost
 more than they save (64x128x128: 0.036 -> 0.085 ms)."""
@@ -65,16 +67,7 @@ def arrange_dot_operands(module: Any) -> None:
 def _dots(module: Any, ir: Any, wanted: Callable[[Any], bool]) -> list[Any]:
     """The ``stablehlo.dot_general`` ops of ``module`` that ``wanted`` accepts,
     collected before any is rewritten."""
-    dots = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "stablehlo.dot_general" and wanted(op):
-            dots.append(op)
-        return ir.WalkResult.ADVANCE
-
-    with module.context:
-        module.operation.walk(visit)
-    return dots
+    return ops_where(module, ir, lambda op: op.name == "stablehlo.dot_general" and wanted(op))
 
 
 def fold_transposed_rhs(module: Any) -> int:

@@ -22,7 +22,7 @@ import math
 from fractions import Fraction
 from typing import Any, Callable, Optional
 
-from tpu_inductor.lowering.unused_ops import erase_unused
+from tpu_inductor.lowering.mlir_ops import erase_unused, ops_where
 
 _CONSTANTS = ("arith.constant", "stablehlo.constant")
 
@@ -82,16 +82,9 @@ def fold_float64_constants(module: Any) -> int:
     """Fold each convert of a float64 splat to a narrower float; how many were folded."""
     from torch_mlir import ir
 
-    converts = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "stablehlo.convert":
-            converts.append(op)
-        return ir.WalkResult.ADVANCE
-
+    converts = ops_where(module, ir, lambda op: op.name == "stablehlo.convert")
     folded = 0
     with module.context, ir.Location.unknown():
-        module.operation.walk(visit)
         for convert in converts:
             result_type = ir.RankedTensorType(convert.results[0].type)
             target = _TARGETS.get(str(result_type.element_type))

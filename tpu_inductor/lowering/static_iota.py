@@ -19,21 +19,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpu_inductor.lowering.unused_ops import erase_unused
+from tpu_inductor.lowering.mlir_ops import erase_unused, ops_where
+
 
 def static_iotas(module: Any) -> int:
     """Replace each static-typed ``dynamic_iota`` by an ``iota``; how many were replaced."""
     from torch_mlir import ir
 
-    iotas = []
+    def static_dynamic_iota(op: Any) -> bool:
+        return op.name == "stablehlo.dynamic_iota" and ir.RankedTensorType(op.results[0].type).has_static_shape
 
-    def visit(op: Any) -> Any:
-        if op.name == "stablehlo.dynamic_iota" and ir.RankedTensorType(op.results[0].type).has_static_shape:
-            iotas.append(op)
-        return ir.WalkResult.ADVANCE
-
+    iotas = ops_where(module, ir, static_dynamic_iota)
     with module.context, ir.Location.unknown():
-        module.operation.walk(visit)
         for dynamic in iotas:
             with ir.InsertionPoint(dynamic):
                 iota = ir.Operation.create(

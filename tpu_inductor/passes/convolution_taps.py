@@ -10,6 +10,7 @@ j * dilation)``: the convolution is ``sum over taps of tap * weight[..., i, j]``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -20,10 +21,33 @@ from tpu_inductor.passes.rewrite import GraphBuilder
 aten = torch.ops.aten
 
 
-def static_convolution(node: torch.fx.Node) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(input, weight, output) fake values of a forward 2-D float convolution
-    whose every size is known; None for any other."""
-    x, w, _bias, _stride, _padding, _dilation, transposed, _output_padding, _groups = node.args
+@dataclasses.dataclass(frozen=True)
+class Convolution:
+    """A forward 2-D float convolution whose every size is known, as the rewrites read it."""
+
+    x: torch.fx.Node
+    weight: torch.fx.Node
+    bias: Optional[torch.fx.Node]
+    stride: list[int]
+    padding: list[int]
+    dilation: list[int]
+    groups: int
+    input_value: torch.Tensor
+    weight_value: torch.Tensor
+    output_value: torch.Tensor
+
+    def add_bias(self, build: GraphBuilder, result: torch.fx.Node) -> torch.fx.Node:
+        """``result`` ``[N, O, H, W]`` plus the bias per output channel, if there is one."""
+        if self.bias is None:
+            return result
+        channels = self.output_value.shape[1]
+        return build.call(aten.add.Tensor, result, build.call(aten.view.default, self.bias, [1, channels, 1, 1]))
+
+
+def static_convolution(node: torch.fx.Node) -> Optional[Convolution]:
+    """``node`` read as a :class:`Convolution`; None unless it is a forward 2-D
+    float convolution whose every size is known."""
+    x, w, bias, stride, padding, dilation, transposed, _output_padding, groups = node.args
     output = node.meta.get("val")
     if transposed or not isinstance(output, torch.Tensor) or output.dim() != 4:
         return None
@@ -34,19 +58,23 @@ def static_convolution(node: torch.fx.Node) -> Optional[tuple[torch.Tensor, torc
         return None
     if not all(isinstance(s, int) for s in [*output.shape, *values[0].shape, *values[1].shape]):
         return None
-    return values[0], values[1], output
+    return Convolution(x, w, bias, pair(stride), pair(padding), pair(dilation), groups, *values, output)
 
 
 def rewrite_convolutions(
     gm: torch.fx.GraphModule,
-    qualifies: Callable[[torch.fx.Node], bool],
-    rewrite: Callable[[GraphBuilder], None],
+    qualifies: Callable[[Convolution], bool],
+    rewrite: Callable[[GraphBuilder, Convolution], None],
 ) -> torch.fx.GraphModule:
-    """``rewrite`` every ``aten.convolution`` node that ``qualifies``, in place of it."""
-    convolutions = [n for n in gm.graph.find_nodes(op="call_function", target=aten.convolution.default) if qualifies(n)]
-    for node in convolutions:
+    """``rewrite`` every static ``aten.convolution`` node that ``qualifies``, in place of it."""
+    convolutions = [
+        (node, convolution)
+        for node in gm.graph.find_nodes(op="call_function", target=aten.convolution.default)
+        if (convolution := static_convolution(node)) is not None and qualifies(convolution)
+    ]
+    for node, convolution in convolutions:
         with gm.graph.inserting_before(node):
-            rewrite(GraphBuilder(gm.graph, node))
+            rewrite(GraphBuilder(gm.graph, node), convolution)
     if convolutions:
         gm.recompile()
     return gm

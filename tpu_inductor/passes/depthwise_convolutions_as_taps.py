@@ -48,36 +48,34 @@ def depthwise_convolutions_as_taps(gm: torch.fx.GraphModule) -> torch.fx.GraphMo
     return taps.rewrite_convolutions(gm, _qualifies, _rewrite)
 
 
-def _qualifies(node: torch.fx.Node) -> bool:
-    values = taps.static_convolution(node)
-    if values is None:
-        return False
-    x, w, output = values
-    channels = x.shape[1]
-    return node.args[8] == channels > 1 and tuple(w.shape[:2]) == (channels, 1) and output.shape[1] == channels
+def _qualifies(convolution: taps.Convolution) -> bool:
+    channels = convolution.input_value.shape[1]
+    return (
+        convolution.groups == channels > 1
+        and tuple(convolution.weight_value.shape[:2]) == (channels, 1)
+        and convolution.output_value.shape[1] == channels
+    )
 
 
-def _rewrite(build: GraphBuilder) -> None:
-    node = build.anchor
-    x, w, bias = node.args[:3]
-    stride, padding, dilation = (taps.pair(v) for v in node.args[3:6])
-    output = node.meta["val"]
-    channels, _, kernel_h, kernel_w = w.meta["val"].shape
+def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
+    x, w = convolution.x, convolution.weight
+    output = convolution.output_value
+    channels, _, kernel_h, kernel_w = convolution.weight_value.shape
     widened = output.dtype in _ACCUMULATE_IN_FLOAT32
     if widened:
         x, w = (build.call(torch.ops.prims.convert_element_type.default, v, torch.float32) for v in (x, w))
-        if bias is not None:
-            bias = build.call(torch.ops.prims.convert_element_type.default, bias, torch.float32)
-    padded = taps.padded_input(build, x, padding)
-    slices = taps.window_taps(build, padded, (kernel_h, kernel_w), stride, dilation, output.shape[2:])
+    padded = taps.padded_input(build, x, convolution.padding)
+    slices = taps.window_taps(
+        build, padded, (kernel_h, kernel_w), convolution.stride, convolution.dilation, output.shape[2:]
+    )
     total = None
     for i in range(kernel_h):
         for j in range(kernel_w):
             scale = build.call(aten.select.int, build.call(aten.select.int, w, 3, j), 2, i)  # [C, 1]
             term = build.call(aten.mul.Tensor, slices[i][j], build.call(aten.view.default, scale, [1, channels, 1, 1]))
             total = term if total is None else build.call(aten.add.Tensor, total, term)
-    if bias is not None:
-        total = build.call(aten.add.Tensor, total, build.call(aten.view.default, bias, [1, channels, 1, 1]))
+    # The bias joins in float32 too: float32 + half promotes to float32.
+    total = convolution.add_bias(build, total)
     if widened:
         total = build.call(torch.ops.prims.convert_element_type.default, total, output.dtype)
     if not total.meta["val"].is_contiguous():

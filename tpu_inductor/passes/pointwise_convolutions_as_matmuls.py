@@ -48,28 +48,26 @@ def pointwise_convolutions_as_matmuls(gm: torch.fx.GraphModule) -> torch.fx.Grap
     return taps.rewrite_convolutions(gm, _qualifies, _rewrite)
 
 
-def _qualifies(node: torch.fx.Node) -> bool:
-    values = taps.static_convolution(node)
-    if values is None or node.args[8] != 1:
-        return False
-    stride, padding = node.args[3:5]
-    return tuple(values[1].shape[2:]) == (1, 1) and taps.pair(stride) == [1, 1] and not any(taps.pair(padding))
+def _qualifies(convolution: taps.Convolution) -> bool:
+    return (
+        convolution.groups == 1
+        and tuple(convolution.weight_value.shape[2:]) == (1, 1)
+        and convolution.stride == [1, 1]
+        and not any(convolution.padding)
+    )
 
 
-def _rewrite(build: GraphBuilder) -> None:
-    node = build.anchor
-    x, w, bias = node.args[:3]
-    batch, out_channels, height, width = node.meta["val"].shape
-    in_channels = w.meta["val"].shape[1]
-    if not w.meta["val"].is_contiguous():
+def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
+    x, w = convolution.x, convolution.weight
+    batch, out_channels, height, width = convolution.output_value.shape
+    in_channels = convolution.weight_value.shape[1]
+    if not convolution.weight_value.is_contiguous():
         w = build.call(aten.clone.default, w, memory_format=torch.contiguous_format)
-    if not x.meta["val"].is_contiguous():
+    if not convolution.input_value.is_contiguous():
         x = build.call(aten.clone.default, x, memory_format=torch.contiguous_format)
     weights = build.call(aten.view.default, w, [1, out_channels, in_channels])
     weights = build.call(aten.expand.default, weights, [batch, out_channels, in_channels])
     pixels = build.call(aten.view.default, x, [batch, in_channels, height * width])
     product = build.call(aten.bmm.default, weights, pixels)
     result = build.call(aten.view.default, product, [batch, out_channels, height, width])
-    if bias is not None:
-        result = build.call(aten.add.Tensor, result, build.call(aten.view.default, bias, [1, out_channels, 1, 1]))
-    build.replace_anchor(result)
+    build.replace_anchor(convolution.add_bias(build, result))

@@ -50,33 +50,29 @@ def small_convolutions_as_matmuls(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
     return taps.rewrite_convolutions(gm, _qualifies, _rewrite)
 
 
-def _qualifies(node: torch.fx.Node) -> bool:
-    values = taps.static_convolution(node)
-    if values is None or node.args[8] != 1 or not values[1].is_contiguous():
+def _qualifies(convolution: taps.Convolution) -> bool:
+    if convolution.groups != 1 or not convolution.weight_value.is_contiguous():
         return False
-    batch, _, height, width = values[2].shape
+    batch, _, height, width = convolution.output_value.shape
     return batch * height * width <= MAX_ROWS
 
 
-def _rewrite(build: GraphBuilder) -> None:
-    node = build.anchor
-    x, w, bias = node.args[:3]
-    stride, padding, dilation = (taps.pair(v) for v in node.args[3:6])
-    batch, out_channels, out_height, out_width = node.meta["val"].shape
-    in_channels, kernel_h, kernel_w = w.meta["val"].shape[1:]
-    padded = taps.padded_input(build, x, padding)
-    slices = taps.window_taps(build, padded, (kernel_h, kernel_w), stride, dilation, (out_height, out_width))
+def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
+    batch, out_channels, out_height, out_width = convolution.output_value.shape
+    in_channels, kernel_h, kernel_w = convolution.weight_value.shape[1:]
+    padded = taps.padded_input(build, convolution.x, convolution.padding)
+    slices = taps.window_taps(
+        build, padded, (kernel_h, kernel_w), convolution.stride, convolution.dilation, (out_height, out_width)
+    )
     unsqueezed = [build.call(aten.unsqueeze.default, tap, 2) for row in slices for tap in row]
     patches = build.call(aten.cat.default, unsqueezed, 2)  # [N, C, kh*kw, Ho, Wo]
     positions_first = build.call(aten.permute.default, patches, [0, 3, 4, 1, 2])
     dense = build.call(aten.clone.default, positions_first, memory_format=torch.contiguous_format)
     patch_size = in_channels * kernel_h * kernel_w
     rows = build.call(aten.view.default, dense, [batch * out_height * out_width, patch_size])
-    weight = build.call(aten.view.default, w, [out_channels, patch_size])
+    weight = build.call(aten.view.default, convolution.weight, [out_channels, patch_size])
     product = build.call(aten.mm.default, rows, build.call(aten.t.default, weight))
     image = build.call(aten.view.default, product, [batch, out_height, out_width, out_channels])
-    result = build.call(aten.permute.default, image, [0, 3, 1, 2])
-    if bias is not None:
-        result = build.call(aten.add.Tensor, result, build.call(aten.view.default, bias, [1, out_channels, 1, 1]))
+    result = convolution.add_bias(build, build.call(aten.permute.default, image, [0, 3, 1, 2]))
     # The convolution's own (contiguous) layout, for any eager reader.
     build.replace_anchor(build.call(aten.clone.default, result, memory_format=torch.contiguous_format))

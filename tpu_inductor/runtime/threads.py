@@ -83,3 +83,14 @@ def after_releasing_eager_workers(run: Callable[..., tuple]) -> Callable[..., tu
         return run(*tensors)
 
     return run_with_every_core
+
+
+def then_releasing_eager_workers(run: Callable[..., object]) -> Callable[..., object]:
+    """``run`` (eager work: an optimizer step run in place), releasing OpenMP's workers after it."""
+
+    def run_then_release(*args: object) -> object:
+        result = run(*args)
+        release_eager_workers()
+        return result
+
+    return run_then_release

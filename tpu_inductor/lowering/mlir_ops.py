@@ -1,8 +1,26 @@
-"""Erase side-effect-free StableHLO ops whose results nobody uses (after a fix-up folds their users away)."""
+"""Walking a StableHLO module for the fix-ups: the ops a test picks, and
+erasing side-effect-free ops whose results nobody uses (after a fix-up folds
+their users away)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+
+def ops_where(module: Any, ir: Any, wanted: Callable[[Any], bool]) -> list[Any]:
+    """The ops of ``module`` that ``wanted`` accepts, in walk order, collected
+    before any is rewritten."""
+    found = []
+
+    def visit(op: Any) -> Any:
+        if wanted(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with module.context:
+        module.operation.walk(visit)
+    return found
+
 
 PURE = frozenset({
     "arith.constant", "stablehlo.constant", "stablehlo.convert", "stablehlo.divide", "stablehlo.ceil",
@@ -17,14 +35,7 @@ def erase_unused(module: Any, ir: Any) -> None:
 
     Collected afresh each round, so an op erased is never touched again."""
     while True:
-        unused = []
-
-        def visit(op: Any) -> Any:
-            if op.name in PURE and not any(list(result.uses) for result in op.results):
-                unused.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
+        unused = ops_where(module, ir, lambda op: op.name in PURE and not any(list(r.uses) for r in op.results))
         if not unused:
             return
         for op in unused:
