@@ -1,5 +1,6 @@
-"""Shared fixtures: every test starts with a fresh Dynamo and a fresh report,
-and every module the suite compiles is read for what a TPU could not run."""
+"""Shared fixtures: every test starts with a fresh Dynamo, a fresh report and
+empty PyTorch caches, and every module the suite compiles is read for what a
+TPU could not run."""
 
 import os
 
@@ -12,7 +13,10 @@ from tpu_inductor.passes.kernel_choice import KernelChooser
 
 
 @pytest.fixture(autouse=True)
-def fresh_compile_state(request):
+def fresh_compile_state(request, monkeypatch, tmp_path_factory):
+    # PyTorch's own caches (AOTAutograd's holds our traced graphs: aot_cache.py)
+    # start empty per test, as ours do.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("torch_cache")))
     torch._dynamo.reset()
     tpu_inductor.report.reset()
     yield

@@ -6,6 +6,8 @@ Importing this package is cheap: heavy modules load on first compile.
 
 from __future__ import annotations
 
+import sys
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "explain", "report", "tpu_backend"]
@@ -25,3 +27,10 @@ def __getattr__(name: str):
 
         return importlib.import_module("tpu_inductor.report")
     raise AttributeError(f"module 'tpu_inductor' has no attribute {name!r}")
+
+
+if "torch" in sys.modules:
+    # Where torch is loaded already, registering our entries' type with its
+    # portable cache bundle is cheap, and must precede load_cache_artifacts()
+    # (runtime/cache_artifacts.py). The CLI, which imports no torch, skips it.
+    from tpu_inductor.runtime import cache_artifacts as _cache_artifacts  # noqa: F401

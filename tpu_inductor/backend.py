@@ -18,8 +18,8 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from tpu_inductor import report
-from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_graph
+from tpu_inductor import aot_cache, report
+from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_graph, parameter_inputs
 from tpu_inductor.config import Config, check_mode
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.errors import TpuInductorError
@@ -28,6 +28,7 @@ from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.in_place_updates import in_place_update_reason
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.reporting import hooks
+from tpu_inductor.runtime import cache_artifacts  # noqa: F401  (registers our entries with PyTorch's cache bundle)
 from tpu_inductor.runtime import threads
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,14 @@ def tpu_backend(
     if in_place:
         return _run_in_place(gm, example_inputs, in_place, dynamo_trace, context.releases_eager_workers)
 
+    compile_aten = functools.partial(_compile_aten, context=context, trace=dynamo_trace, options=options or {})
+    needs_grad = _needs_grad(example_inputs)
+    cached = context.config.cache and aot_cache.pays(gm, needs_grad)
+
     def compiler(kind: str):
-        return functools.partial(_compile_aten, kind=kind, context=context, trace=dynamo_trace)
+        if cached:
+            return aot_cache.serializable(kind, compile_aten)
+        return lambda gm, example_inputs: compile_aten(gm, example_inputs, kind)
 
     trace = aot_autograd(
         fw_compiler=compiler("forward"),
@@ -65,10 +72,15 @@ def tpu_backend(
         # shapes (passes/padding_safety.py), and because passes/attention.py
         # builds it from ATen ops faster than AOTAutograd traces PyTorch's
         # decomposition of it.
-        decompositions=decomposition_table(keep_attention=not _needs_grad(example_inputs)),
+        decompositions=decomposition_table(keep_attention=not needs_grad),
     )
-    with _attention_for_autograd(example_inputs), report.within_trace(dynamo_trace):
-        with report.stage("aot_autograd"):
+    traced_level = (
+        aot_cache.traced_level(compile_aten, needs_grad, gm, example_inputs, context.config.resolved_cache_dir)
+        if cached
+        else contextlib.nullcontext()
+    )
+    with _attention_for_autograd(needs_grad), report.within_trace(dynamo_trace):
+        with report.stage("aot_autograd"), traced_level:
             return trace(gm, example_inputs)
 
 
@@ -106,7 +118,7 @@ def _needs_grad(example_inputs: Sequence[Any]) -> bool:
     )
 
 
-def _attention_for_autograd(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager:
+def _attention_for_autograd(needs_grad: bool) -> contextlib.AbstractContextManager:
     """Trace scaled_dot_product_attention as plain matmuls when gradients flow.
 
     On CPU, SDPA dispatches to the flash kernel, whose second output is the
@@ -117,14 +129,28 @@ def _attention_for_autograd(example_inputs: Sequence[Any]) -> contextlib.Abstrac
     backend decomposes SDPA above autograd, so forward and backward are
     ordinary ops that lower.
     """
-    if not _needs_grad(example_inputs):
+    if not needs_grad:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(SDPBackend.MATH)
 
 
-def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, trace=None):
+def _compile_aten(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    kind: str,
+    parameters: Optional[tuple[int, ...]] = None,
+    *,
+    context: CompileContext,
+    trace: Optional[report.TraceRecord] = None,
+    options: Mapping[str, Any],
+) -> aot_cache.CompiledAten:
+    """One ATen graph through the backend. ``parameters``: positions of the
+    parameter inputs, read from AOTAutograd's metadata unless given (a graph
+    from the traced cache brings its own)."""
+    if parameters is None:
+        parameters = parameter_inputs()
     # Backward graphs compile at the first backward call, after Dynamo's trace
     # is over: the trace record travels with the compiler.
     with report.within_trace(trace), report.stage("backend"):
@@ -132,7 +158,7 @@ def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, tra
         # the eager fallback a half-rewritten graph.
         as_traced = runnable_copy(gm)
         try:
-            compiled = compile_graph(gm, example_inputs, kind, context, as_traced)
+            compiled = compile_graph(gm, example_inputs, kind, context, as_traced, parameters)
         except TpuInductorError:  # strict mode, config, budget: raised on purpose
             raise
         except Exception as exc:  # a failure no retry caught must not fail the user's call
@@ -143,6 +169,21 @@ def _compile_aten(gm, example_inputs, *, kind: str, context: CompileContext, tra
                 kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
-            compiled = eager_graph(as_traced, kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}")
+            compiled = eager_graph(
+                runnable_copy(as_traced), kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}"
+            )
     hooks.on_graph_compiled()
-    return compiled
+    return aot_cache.CompiledAten(kind, as_traced, parameters, compiled, options)
+
+
+def compile_without_dynamo(options: Mapping[str, Any]) -> aot_cache.CompileAten:
+    """The backend's compile for ATen graphs that PyTorch's precompile cache
+    hands back without calling the backend (Dynamo is skipped): a context
+    made from the options the graphs were compiled with."""
+
+    def compile_aten(gm, example_inputs, kind, parameters=None):
+        context = CompileContext.create(Config.load(options), example_inputs)
+        trace = report.record_trace({}, "loaded from PyTorch's precompile cache")
+        return _compile_aten(gm, example_inputs, kind, parameters, context=context, trace=trace, options=options)
+
+    return compile_aten

@@ -27,6 +27,7 @@ from typing import Callable, Optional, Sequence
 
 from tpu_inductor.config import Config, parse_size
 from tpu_inductor.errors import ConfigError
+from tpu_inductor.runtime import torch_cache
 from tpu_inductor.runtime.disk_cache import KINDS, DiskCache
 
 
@@ -48,6 +49,7 @@ def _cache_info(args: argparse.Namespace) -> int:
     cache = _open_cache(args)
     entries = cache.entries(remove_stale=False)  # info only looks
     by_kind = {kind: [e for e in entries if e.kind == kind] for kind in KINDS}
+    traced = torch_cache.traced_entries()
     info = {
         "location": str(cache.root),
         "entries": len(entries),
@@ -60,6 +62,9 @@ def _cache_info(args: argparse.Namespace) -> int:
         "unreadable": sum(not e.readable for e in entries),
         "incomplete_writes": cache.incomplete_writes(),
         "learned_unsupported": cache.learned_unsupported(),
+        "traced_location": str(torch_cache.torch_cache_dir() / "aotautograd"),
+        "traced": len(traced),
+        "traced_bytes": sum(p.stat().st_size for p in traced),
     }
     if args.json:
         print(json.dumps(info, indent=1))
@@ -70,6 +75,10 @@ def _cache_info(args: argparse.Namespace) -> int:
         f"{info['executables']} StableHLO -> executable)"
     )
     print(f"size:        {_format_size(info['bytes'])} of {_format_size(info['max_bytes'])} cap")
+    print(
+        f"traced:      {info['traced']} Dynamo graph -> ATen graphs ({_format_size(info['traced_bytes'])}) "
+        f"in PyTorch's AOTAutograd cache, {info['traced_location']}"
+    )
     print(f"hits:        {info['hits']} (since each entry was created)")
     print(f"saves:       {info['saves_seconds']:.2f} s of lowering and compiling when each entry is used once")
     if info["unreadable"] or info["incomplete_writes"]:
@@ -91,9 +100,12 @@ def _cache_clear(args: argparse.Namespace) -> int:
     learned = cache.side_files()
     removed = cache.clear()
     repros = cache.clear_repros()
+    traced = torch_cache.clear_traced_entries()
     print(f"removed {removed} entries from {cache.root}" + (
         f" and {len(learned)} learned file(s) (unsupported ops, kernel timings)" if learned else ""
-    ) + (f" and {repros} reproducer bundle(s)" if repros else ""))
+    ) + (f" and {repros} reproducer bundle(s)" if repros else "") + (
+        f", and {traced} traced graph(s) from PyTorch's AOTAutograd cache" if traced else ""
+    ))
     return 0
 
 
@@ -277,7 +289,7 @@ def _add_cache(commands: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(handler=_cache_info)
     clear = actions.add_parser(
-        "clear", parents=[common], help="remove every entry (and the learned-unsupported-op files)"
+        "clear", parents=[common], help="remove every entry (ours in PyTorch's AOTAutograd cache too) and the learned files"
     )
     clear.set_defaults(handler=_cache_clear)
     prune = actions.add_parser(

@@ -230,15 +230,17 @@ def compile_graph(
     kind: str,
     context: CompileContext,
     as_traced: Optional[torch.fx.GraphModule] = None,
+    parameters: Sequence[int] = (),
 ):
     """The AOTAutograd compiler entry: a boxed callable for ``gm``.
-    ``as_traced``: an untouched copy of ``gm``, when the caller keeps one."""
+    ``as_traced``: an untouched copy of ``gm``, when the caller keeps one;
+    ``parameters``: positions of the parameter inputs (:func:`parameter_inputs`)."""
     if has_symbolic_inputs(example_inputs):
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
         return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced)
-    parameters = _parameter_inputs() if kind == "inference" and context.config.freeze_parameters else ()
-    return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters))
+    frozen = parameters if kind == "inference" and context.config.freeze_parameters else ()
+    return _BoxedGraph(build_compiled_graph(gm, kind, context, frozen))
 
 
 def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:
@@ -258,7 +260,7 @@ def eager_graph(gm: torch.fx.GraphModule, kind: str, reason: str) -> "_BoxedGrap
     return _BoxedGraph(gm)
 
 
-def _parameter_inputs() -> tuple[int, ...]:
+def parameter_inputs() -> tuple[int, ...]:
     """Positions of the graph inputs that are parameters and buffers, as
     AOTAutograd learnt them from Dynamo (the same list Inductor's CUDA graphs use)."""
     tracing = torch._guards.TracingContext.try_get()

@@ -65,14 +65,19 @@ class CacheEvent:
     """One lookup in the on-disk artifact cache."""
 
     level: str
-    """``graph`` (ATen graph -> StableHLO, skips torch-mlir) or ``executable``
+    """``traced`` (Dynamo graph -> ATen graphs, skips AOTAutograd: aot_cache.py),
+    ``graph`` (ATen graph -> StableHLO, skips torch-mlir) or ``executable``
     (StableHLO -> PJRT executable, skips XLA)."""
     key: str
-    """The entry's directory name under ``<cache_dir>/graphs|executables/``."""
+    """The entry's directory name under ``<cache_dir>/graphs|executables/``;
+    for ``traced``, a digest of the Dynamo graph's code."""
     hit: bool
     reason: Optional[str] = None
     """For a miss: ``no entry``, ``version changed``, ``options changed``,
-    ``platform changed`` or ``corrupted`` (the entry was evicted)."""
+    ``platform changed`` or ``corrupted`` (the entry was evicted); at the
+    traced level also ``input shapes or dtypes changed``, ``grad mode
+    changed``, ``thread count changed``, ``shape guards differ`` and
+    ``not cacheable: <PyTorch's reason>``."""
     saves_seconds: float = 0.0
     """For a hit: the lowering or compile time the entry saved."""
 

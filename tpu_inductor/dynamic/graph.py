@@ -38,6 +38,7 @@ from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
 from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
+from tpu_inductor.lowering.cache import lower_symbolic_cached
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.padding_safety import PaddingAnalysis
@@ -290,8 +291,14 @@ class DynamicShapeGraph:
         return fused, list(islands.values())
 
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:
-        lowered = lower_symbolic(island.graph, isolate=self.context.config.isolate_lowering)
-        self.dynamic_record.lowerings += record is not None
+        """``record``: None for a probe, which bypasses the cache (a failure must be seen)."""
+        if record is None:
+            lowered = lower_symbolic(island.graph, isolate=self.context.config.isolate_lowering)
+        else:
+            lowered, stats = lower_symbolic_cached(
+                island.graph, self.context.disk_cache, isolate=self.context.config.isolate_lowering
+            )
+            self.dynamic_record.lowerings += stats.source == "torch-mlir"
         return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record)
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:

@@ -20,18 +20,20 @@ import hashlib
 import logging
 import operator
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
 
 from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
+from tpu_inductor.lowering.symbolic import SymbolicModule, lower_symbolic, scalar_positions
 from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache
 from tpu_inductor.runtime.executable import key_versions, record_cache_event
 
 log = logging.getLogger(__name__)
 
 MODULE_FILE = "module.mlirbc"
+SYMBOLIC_MODULE_FILE = "module.mlir"
 
 
 @dataclasses.dataclass
@@ -114,8 +116,11 @@ def fingerprint(gm: torch.fx.GraphModule) -> str:
     return digest.hexdigest()
 
 
-def graph_key(gm: torch.fx.GraphModule, name: str = "main", for_cpu: bool = False) -> Optional[CacheKey]:
-    """The graph-level key of ``gm``, or None when it cannot be fingerprinted exactly."""
+def graph_key(
+    gm: torch.fx.GraphModule, name: str = "main", for_cpu: bool = False, symbolic: bool = False
+) -> Optional[CacheKey]:
+    """The graph-level key of ``gm``, or None when it cannot be fingerprinted exactly.
+    ``symbolic``: the entry holds the module with dynamic dims (lowering/symbolic.py)."""
     try:
         digest = fingerprint(gm)
     except _NotFingerprintable as exc:
@@ -125,10 +130,52 @@ def graph_key(gm: torch.fx.GraphModule, name: str = "main", for_cpu: bool = Fals
         log.debug("tpu_inductor: cannot fingerprint the graph (%r); lowering without the graph cache", exc)
         return None
     input_avals = [aval_of(n.meta.get("val")) for n in gm.graph.find_nodes(op="placeholder")]
-    return CacheKey(
-        identity={"aten_graph_sha256": digest, "input_avals": input_avals, "function": name, "for_cpu": for_cpu},
-        environment={"versions": key_versions()},
-    )
+    identity = {"aten_graph_sha256": digest, "input_avals": input_avals, "function": name, "for_cpu": for_cpu}
+    if symbolic:
+        identity["symbol_ranges"] = _symbol_ranges(gm)
+    return CacheKey(identity=identity, environment={"versions": key_versions()})
+
+
+def _symbol_ranges(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """The value range of each symbol in ``gm``'s placeholders: torch-mlir reads them."""
+    from tpu_inductor.dynamic import shape_env_of
+
+    values = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+    shape_env = shape_env_of(values)
+    ranges = getattr(shape_env, "var_to_range", {})
+    symbols = set()
+    for value in values:
+        sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
+        for size in sizes:
+            if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                symbols |= size.node.expr.free_symbols
+    return {str(s): str(ranges.get(s)) for s in sorted(symbols, key=str)}
+
+
+def _through_cache(
+    disk_cache: Optional[DiskCache],
+    key: Optional[CacheKey],
+    file_name: str,
+    lower: Callable[[], bytes],
+) -> tuple[bytes, LowerStats]:
+    """The bytes ``lower`` makes, from the graph cache when it holds them under ``key``."""
+    started = time.perf_counter()
+    if key is not None and disk_cache is not None:
+        lookup = disk_cache.load("graphs", key, lambda files: files[file_name])
+        record_cache_event("graph", key.digest, lookup)
+        if lookup.hit:
+            return lookup.value, LowerStats("disk", time.perf_counter() - started, key.digest)
+    module = lower()
+    seconds = time.perf_counter() - started
+    if key is not None and disk_cache is not None:
+        disk_cache.store(
+            "graphs",
+            key,
+            {file_name: module},
+            saves_seconds=seconds,
+            extra={"stablehlo_sha256": hashlib.sha256(module).hexdigest()},
+        )
+    return module, LowerStats("torch-mlir", seconds, key.digest if key else None)
 
 
 def lower_cached(
@@ -140,23 +187,34 @@ def lower_cached(
     isolate: bool = True,
 ) -> tuple[LoweredModule, LowerStats]:
     """StableHLO for ``gm`` (see :func:`lower_to_stablehlo`): from the graph cache, or lowered now and stored."""
-    started = time.perf_counter()
     key = graph_key(gm, name, for_cpu) if disk_cache is not None else None
-    if key is not None:
-        lookup = disk_cache.load("graphs", key, lambda files: files[MODULE_FILE])
-        record_cache_event("graph", key.digest, lookup)
-        if lookup.hit:
-            input_specs, output_specs = graph_specs(gm)
-            lowered = LoweredModule(lookup.value, input_specs, output_specs)
-            return lowered, LowerStats("disk", time.perf_counter() - started, key.digest)
-    lowered = lower_to_stablehlo(gm, name=name, for_cpu=for_cpu, isolate=isolate)
-    seconds = time.perf_counter() - started
-    if key is not None:
-        disk_cache.store(
-            "graphs",
-            key,
-            {MODULE_FILE: lowered.module},
-            saves_seconds=seconds,
-            extra={"stablehlo_sha256": hashlib.sha256(lowered.module).hexdigest()},
-        )
-    return lowered, LowerStats("torch-mlir", seconds, key.digest if key else None)
+    lowered: list[LoweredModule] = []
+
+    def lower() -> bytes:
+        lowered.append(lower_to_stablehlo(gm, name=name, for_cpu=for_cpu, isolate=isolate))
+        return lowered[0].module
+
+    module, stats = _through_cache(disk_cache, key, MODULE_FILE, lower)
+    if lowered:
+        return lowered[0], stats
+    input_specs, output_specs = graph_specs(gm)
+    return LoweredModule(module, input_specs, output_specs), stats
+
+
+def lower_symbolic_cached(
+    gm: torch.fx.GraphModule, disk_cache: Optional[DiskCache], name: str = "main", *, isolate: bool = True
+) -> tuple[SymbolicModule, LowerStats]:
+    """The module with dynamic dims for ``gm`` (see :func:`lower_symbolic`): from
+    the graph cache, or lowered now and stored. Symbols keep their names across
+    processes (Dynamo names them by source), so the fingerprint is stable."""
+    key = graph_key(gm, name, symbolic=True) if disk_cache is not None else None
+    lowered: list[SymbolicModule] = []
+
+    def lower() -> bytes:
+        lowered.append(lower_symbolic(gm, name, isolate=isolate))
+        return lowered[0].text.encode()
+
+    text, stats = _through_cache(disk_cache, key, SYMBOLIC_MODULE_FILE, lower)
+    if lowered:
+        return lowered[0], stats
+    return SymbolicModule(text.decode(), scalar_positions(gm), stats.seconds), stats

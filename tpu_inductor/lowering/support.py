@@ -307,7 +307,7 @@ class SupportTable:
     """
 
     def __init__(self, learned_path: Optional[Path] = None) -> None:
-        from tpu_inductor.runtime.disk_cache import PersistedDict
+        from tpu_inductor.runtime.persisted_dict import PersistedDict
 
         self._learned = PersistedDict(learned_path)
         self._checked: set[str] = set()  # learned or confirmed by this process

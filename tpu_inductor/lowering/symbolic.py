@@ -42,14 +42,16 @@ def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main", *, isolate: boo
     from torch_mlir import fx as torch_mlir_fx
 
     started = time.perf_counter()
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    scalars = tuple(
-        i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _SYMBOLIC)
-    )
     module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
     lowered = to_stablehlo(module, isolate=isolate, fix_up=False, text=True, label=" (dynamic shapes)")
     return SymbolicModule(
         text=lowered["text"],
-        scalar_positions=scalars,
+        scalar_positions=scalar_positions(gm),
         seconds=time.perf_counter() - started,
     )
+
+
+def scalar_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions of ``gm``'s placeholders that are numbers (module ``i64`` arguments)."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    return tuple(i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _SYMBOLIC))

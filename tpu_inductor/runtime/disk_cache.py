@@ -71,7 +71,7 @@ CORRUPTED = "corrupted"
 VERSION_CHANGED = "version changed"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write ``path`` so that readers see the old bytes or the new, never a mix."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -81,64 +81,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-class PersistedDict:
-    """A small JSON dict kept beside the cache: what one process learned
-    (ops that do not lower, which kernel is faster) is known to the next.
-
-    Reads are in memory; each new entry rewrites the file atomically. An
-    unreadable file is ignored (and replaced on the next write): it only
-    holds what can be learned again.
-    """
-
-    def __init__(self, path: Optional[Path]) -> None:
-        self._path = path
-        self._entries: dict[str, Any] = {}
-        self._this_process_only: set[str] = set()
-        self._lock = threading.Lock()
-        if path is not None and path.exists():
-            try:
-                self._entries = dict(json.loads(path.read_text()))
-            except (OSError, ValueError) as exc:
-                log.warning("tpu_inductor: ignoring unreadable %s: %s", path, exc)
-
-    def get(self, key: str) -> Any:
-        return self._entries.get(key)
-
-    def put(self, key: str, value: Any, persist: bool = True, replace: bool = False) -> None:
-        """Remember ``value`` for ``key`` unless something is already known for
-        it (or ``replace``); with ``persist=False`` for this process only."""
-        with self._lock:
-            if key in self._entries and not replace:
-                return
-            self._entries[key] = value
-            if not persist:
-                self._this_process_only.add(key)
-                return
-            self._this_process_only.discard(key)
-            self._save()
-
-    def pop(self, key: str) -> None:
-        with self._lock:
-            if self._entries.pop(key, None) is not None:
-                self._save()
-
-    def items(self) -> dict[str, Any]:
-        return dict(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _save(self) -> None:
-        if self._path is None:
-            return
-        kept = {k: v for k, v in self._entries.items() if k not in self._this_process_only}
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(self._path, json.dumps(kept, indent=1).encode())
-        except OSError as exc:
-            log.debug("tpu_inductor: cannot persist %s: %s", self._path.name, exc)
 
 
 def _write_file(path: Path, handle: Any, data: bytes) -> None:
@@ -245,7 +187,10 @@ LEARNED_UNSUPPORTED = "learned_unsupported-{digest}.json"
 """Ops that failed to lower alone (lowering/support.py), one file per versions digest."""
 KERNEL_TIMINGS = "kernel_timings-{device_kind}-{digest}.json"
 """Eager vs XLA timings per op signature (passes/kernel_choice.py)."""
-_SIDE_FILES = (LEARNED_UNSUPPORTED, KERNEL_TIMINGS)
+TRACED_INDEX = "traced_graphs.json"
+"""What each Dynamo graph was traced with (inputs, versions), to name why a
+lookup in the traced level missed (aot_cache.py)."""
+_SIDE_FILES = (LEARNED_UNSUPPORTED, KERNEL_TIMINGS, TRACED_INDEX)
 REPRO_DIR = "repro"
 """Reproducer bundles of failed lowerings when no report directory is set (reporting/repro.py)."""
 
@@ -255,6 +200,11 @@ class DiskCache:
     the files of what processes learned beside them (:data:`LEARNED_UNSUPPORTED`,
     :data:`KERNEL_TIMINGS`) and reproducer bundles (:data:`REPRO_DIR`): every
     path under the cache directory is named here."""
+
+    entry_observer: Optional[Callable[[str, str, dict[str, bytes]], None]] = None
+    """Called with (kind, entry name, files and manifest) for every entry this
+    process stores or hits: how PyTorch's portable cache bundle learns of
+    them (runtime/cache_artifacts.py)."""
 
     def __init__(self, root: Path, max_bytes: int = 2 * 1024**3) -> None:
         self.root = Path(root)
@@ -296,6 +246,8 @@ class DiskCache:
             return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, "a file is missing"))
         except Exception as exc:  # decode failed: the bytes are not what they claim
             return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, f"cannot be loaded: {exc}"))
+        if DiskCache.entry_observer is not None:
+            DiskCache.entry_observer(kind, key.digest, {**files, MANIFEST: json.dumps(manifest, indent=1).encode()})
         self._touch(entry, {**manifest, "hits": hits + 1, "last_used": _now_iso()})
         return Lookup(value=value, saves_seconds=saves_seconds)
 
@@ -368,7 +320,7 @@ class DiskCache:
         if str(self.root) in _unwritable:
             return
         try:
-            _atomic_write(entry / MANIFEST, json.dumps(manifest, indent=1).encode())
+            atomic_write(entry / MANIFEST, json.dumps(manifest, indent=1).encode())
         except OSError as exc:
             log.debug("tpu_inductor: cannot update %s: %s", entry / MANIFEST, exc)
 
@@ -383,39 +335,68 @@ class DiskCache:
         extra: Optional[dict[str, Any]] = None,
     ) -> None:
         """Publish an entry; never raises for disk trouble (see the module docstring)."""
+        now = _now_iso()
+        manifest = {
+            "schema": SCHEMA_VERSION,
+            "kind": kind,
+            "key": key.digest,
+            "key_parts": key.parts(),
+            **(extra or {}),
+            "files": {
+                name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                for name, data in files.items()
+            },
+            "saves_seconds": round(saves_seconds, 6),
+            "created": now,
+            "last_used": now,
+            "hits": 0,
+        }
+        self._publish_entry(kind, key.digest, {**files, MANIFEST: json.dumps(manifest, indent=1, default=str).encode()})
+
+    def import_entry(self, kind: str, name: str, files: dict[str, bytes]) -> bool:
+        """Publish an entry another cache exported (files and manifest, as
+        :data:`entry_observer` saw them) unless it fails its checksums."""
+        if kind not in KINDS or not re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", name) or MANIFEST not in files:
+            log.warning("tpu_inductor: ignoring an imported cache entry named %s/%s", kind, name)
+            return False
+        try:
+            manifest = json.loads(files[MANIFEST])
+            listed = manifest["files"]
+            intact = set(listed) == set(files) - {MANIFEST} and all(
+                len(files[f]) == meta["bytes"] and hashlib.sha256(files[f]).hexdigest() == meta["sha256"]
+                for f, meta in listed.items()
+            )
+        except (ValueError, KeyError, TypeError):
+            intact = False
+        if not intact or manifest.get("key") != name:
+            log.warning("tpu_inductor: ignoring imported cache entry %s/%s: it fails its checksums", kind, name)
+            return False
+        return self._publish_entry(kind, name, files, observe=False)
+
+    def _publish_entry(self, kind: str, name: str, files: dict[str, bytes], observe: bool = True) -> bool:
+        """Write ``files`` (the manifest among them) as entry ``kind/name``:
+        in a hidden directory, published with one rename."""
         if str(self.root) in _unwritable:
-            return
+            return False
         kind_dir = self.root / kind
-        tmp_dir = kind_dir / f".tmp-{key.digest}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp_dir = kind_dir / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             kind_dir.mkdir(parents=True, exist_ok=True)
             tmp_dir.mkdir()
-            for name, data in files.items():
-                _atomic_write(tmp_dir / name, data)
-            now = _now_iso()
-            manifest = {
-                "schema": SCHEMA_VERSION,
-                "kind": kind,
-                "key": key.digest,
-                "key_parts": key.parts(),
-                **(extra or {}),
-                "files": {
-                    name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                    for name, data in files.items()
-                },
-                "saves_seconds": round(saves_seconds, 6),
-                "created": now,
-                "last_used": now,
-                "hits": 0,
-            }
-            _atomic_write(tmp_dir / MANIFEST, json.dumps(manifest, indent=1, default=str).encode())
-            published = _publish(tmp_dir, kind_dir / key.digest)
+            for file_name, data in files.items():
+                if file_name != MANIFEST:
+                    atomic_write(tmp_dir / file_name, data)
+            atomic_write(tmp_dir / MANIFEST, files[MANIFEST])  # last: an entry is complete once it has one
+            published = _publish(tmp_dir, kind_dir / name)
         except OSError as exc:
             shutil.rmtree(tmp_dir, ignore_errors=True)
             self._disable_writes(exc)
-            return
+            return False
         if published:
+            if observe and DiskCache.entry_observer is not None:
+                DiskCache.entry_observer(kind, name, files)
             self.enforce_cap()
+        return published
 
     def _disable_writes(self, exc: OSError) -> None:
         with _unwritable_lock:
