@@ -301,3 +301,28 @@ def test_a_graph_pytorch_will_not_cache_says_why(tmp_path, capfd):
     ((hit, reason),) = traced(report.current())
     assert not hit and reason.startswith("not cacheable: ") and "autograd" in reason.lower()
     assert "Bypassing" not in capfd.readouterr().err  # PyTorch's INFO line stays off the terminal
+
+
+def test_a_symbolic_training_step_reuses_its_traced_graphs(tmp_path):
+    """Dynamic dims survive the round trip: the stored graphs hold the same
+    symbols, and each bucket's executables come from disk."""
+
+    def step(batch: int) -> report.Report:
+        fresh_process()
+        torch.manual_seed(0)
+        model = MLP()
+        reference = copy.deepcopy(model)
+        compiled = torch.compile(model, backend="tpu", dynamic=True, options={"cache_dir": str(tmp_path)})
+        x = torch.randn(batch, 8)
+        compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for got, expected in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-5)
+        return report.current()
+
+    cold = step(6)
+    assert traced(cold) == [(False, "no entry")]
+    warm = step(7)  # another size of the same symbolic graph
+    assert traced(warm) == [(True, None)]
+    assert [d.lowerings for d in warm.dynamic_graphs] == [0, 0]
+    assert not warm.fallbacks()
