@@ -72,11 +72,11 @@ class CompiledAten(OutputCode):
         self.parameters = parameters
         self.options = dict(options)
         self._graph: Optional[torch.fx.GraphModule] = graph
-        self._compiled: Optional[Callable[[list[Any]], Any]] = compiled
+        self.compiled: Optional[Callable[[list[Any]], Any]] = compiled  # None in the pickled copy
         self._graph_bytes: Optional[bytes] = None
 
     def __call__(self, args: list[Any]) -> Any:
-        return self._compiled(args)
+        return self.compiled(args)
 
     def prepare_for_serialization(self) -> None:
         """Runs on a shallow copy that PyTorch pickles: rebind, never mutate."""
@@ -89,12 +89,12 @@ class CompiledAten(OutputCode):
         except Exception as exc:
             raise BypassAOTAutogradCache(f"tpu_inductor: the {self.kind} ATen graph does not pickle: {exc}") from exc
         self._graph = None
-        self._compiled = None
+        self.compiled = None
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
         """On a cache hit: run the backend on the stored graph. Any exception
         here makes PyTorch bypass the entry and trace anew."""
-        if self._compiled is not None:
+        if self.compiled is not None:
             return
         from torch._guards import detect_fake_mode
         from torch.fx._graph_pickler import GraphPickler
@@ -108,7 +108,7 @@ class CompiledAten(OutputCode):
         # Not example_inputs: for a backward PyTorch passes the forward's.
         inputs = [node.meta.get("val") for node in graph.graph.find_nodes(op="placeholder")]
         fresh = compile_aten(graph, inputs, self.kind, self.parameters)
-        self._graph, self._compiled = fresh._graph, fresh._compiled
+        self._graph, self.compiled = fresh._graph, fresh.compiled
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         """No Triton kernels here."""

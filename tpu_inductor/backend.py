@@ -61,7 +61,8 @@ def tpu_backend(
     def compiler(kind: str):
         if cached:
             return aot_cache.serializable(kind, compile_aten)
-        return lambda gm, example_inputs: compile_aten(gm, example_inputs, kind)
+        # The callable itself: no wrapper's frame on every call.
+        return lambda gm, example_inputs: compile_aten(gm, example_inputs, kind).compiled
 
     trace = aot_autograd(
         fw_compiler=compiler("forward"),
