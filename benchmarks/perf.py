@@ -181,7 +181,7 @@ import torch._inductor.config  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tpu_inductor.runtime.executable import clear_memory_cache  # noqa: E402
+from tpu_inductor.process_state import STATE  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.perf_models import (  # noqa: E402
@@ -536,7 +536,7 @@ def run_dynamic(settings: Settings) -> dict[str, Any]:
     with torch.no_grad():
         for path in PATHS:
             torch._dynamo.reset()  # no automatic-dynamic state or code from another path
-            clear_memory_cache()
+            STATE.executables.clear()  # each path compiles its own
             if path == "jax":
                 jitted = jax.jit(mlp_jax)
                 call, path_inputs = (lambda x: jitted(params, x).block_until_ready()), jax_inputs

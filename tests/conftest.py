@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-import tpu_inductor.compiled_graph
 import tpu_inductor.report
 from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.process_state import STATE
 
 
 @pytest.fixture(autouse=True)
@@ -51,4 +51,4 @@ os.environ.setdefault("TPU_INDUCTOR_TPU_READINESS", "1")
 def eager_convolutions(monkeypatch):
     """Every convolution 'measures' faster in eager: the choice is decided, not timed."""
     monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3))
-    monkeypatch.setattr(tpu_inductor.compiled_graph, "_kernel_choosers", {})
+    monkeypatch.setattr(STATE, "kernel_choosers", {})

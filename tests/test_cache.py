@@ -26,6 +26,7 @@ import torch
 import tpu_inductor.report as report
 from tpu_inductor import cli
 from tpu_inductor.config import Config
+from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import disk_cache, executable
 from tpu_inductor.runtime.disk_cache import DiskCache
 
@@ -48,7 +49,7 @@ def graph(x):
 def run(cache_dir, rows: int = 4, fn=graph, **options) -> report.Report:
     """One 'process': fresh Dynamo, no executables in memory, compiled == eager."""
     torch._dynamo.reset()
-    executable.clear_memory_cache()
+    STATE.executables.clear()
     report.reset()
     torch.manual_seed(rows)
     x = torch.randn(rows, 8)
@@ -117,7 +118,7 @@ def test_default_location_and_off_switch(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("TPU_INDUCTOR_CACHE_DIR", raising=False)
     torch._dynamo.reset()
-    executable.clear_memory_cache()
+    STATE.executables.clear()
     x = torch.randn(3, 8)
     torch.testing.assert_close(torch.compile(graph, backend="tpu")(x), graph(x))
     assert len(entries(tmp_path / "xdg" / "tpu_inductor", "executables")) == 1
@@ -220,7 +221,7 @@ def test_unwritable_directory_warns_once_and_runs(tmp_path, caplog, monkeypatch)
 
     # Once the directory is usable again (a new process), the cache works.
     blocker.unlink()
-    monkeypatch.setattr(disk_cache, "_unwritable", {})
+    monkeypatch.setattr(STATE, "unwritable_dirs", {})
     run(blocker / "cache")
     assert_warm(blocker / "cache")
 
@@ -236,7 +237,7 @@ def test_full_disk_warns_once_and_leaves_no_partial_entry(tmp_path, caplog, monk
     assert [p for p in tmp_path.rglob("*") if p.is_file() or p.name.startswith(".")] == []
 
     monkeypatch.undo()
-    monkeypatch.setattr(disk_cache, "_unwritable", {})
+    monkeypatch.setattr(STATE, "unwritable_dirs", {})
     run(tmp_path)
     assert_warm(tmp_path)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tpu_inductor.compiled_graph as compiled_graph
 import tpu_inductor.report as report
 from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.process_state import STATE
 
 
 class ConvBlock(torch.nn.Module):
@@ -37,7 +37,7 @@ def timings(monkeypatch):
         return result["eager_s"], result["xla_s"]
 
     monkeypatch.setattr(KernelChooser, "_measure", measure)
-    monkeypatch.setattr(compiled_graph, "_kernel_choosers", {})
+    monkeypatch.setattr(STATE, "kernel_choosers", {})
     result["measured"] = measured
     return result
 
@@ -114,7 +114,7 @@ def test_decision_is_kept_for_later_processes(timings, tmp_path):
     assert len(timings["measured"]) == 1
     assert list(tmp_path.glob("kernel_timings-*.json"))
     # A new process: no chooser in memory, the timing comes from the file.
-    compiled_graph._kernel_choosers.clear()
+    STATE.kernel_choosers.clear()
     torch._dynamo.reset()
     report.reset()
     _run({"cache_dir": str(tmp_path)}, x)

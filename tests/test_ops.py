@@ -25,8 +25,9 @@ import torch
 import torch._dynamo
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from tpu_inductor import compiled_graph, report
+from tpu_inductor import report
 from tpu_inductor.errors import UnsupportedOpError
+from tpu_inductor.process_state import STATE
 
 common_methods_invocations = pytest.importorskip(
     "torch.testing._internal.common_methods_invocations",
@@ -549,7 +550,7 @@ def fresh_backend_state(monkeypatch):
     """Each op compiles from scratch and cannot inherit another op's learned
     failures (the in-memory support table is per process when cache=False)."""
     torch._dynamo.reset()
-    monkeypatch.setattr(compiled_graph, "_support_tables", {})
+    monkeypatch.setattr(STATE, "support_tables", {})
     yield
     torch._dynamo.reset()
 

@@ -22,10 +22,9 @@ import torch
 
 import tpu_inductor
 import tpu_inductor.report as report
-from tpu_inductor import compiled_graph
 from tpu_inductor.lowering import support
+from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import files, serialize
-from tpu_inductor.runtime import executable
 
 HERE = __file__
 
@@ -49,7 +48,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TPU_INDUCTOR_REPORT_DIR", raising=False)
     monkeypatch.setattr(files, "_directories", {})
-    executable.clear_memory_cache()
+    STATE.executables.clear()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def explained(tmp_path_factory):
     saved_directories, files._directories = files._directories, {}
     try:
         torch._dynamo.reset()
-        executable.clear_memory_cache()
+        STATE.executables.clear()
         record = tpu_inductor.explain(program, torch.ones(4))
         compiled = torch.compile(program, backend="tpu")
         compiled(torch.ones(4))  # same shape: no new trace
@@ -224,7 +223,7 @@ class _Collect(logging.Handler):
 def test_reproducer_bundle_for_a_failed_lowering(tmp_path, monkeypatch):
     # Pretend the support table thinks i0 lowers, so torch-mlir gets to fail on it.
     monkeypatch.setattr(support, "KNOWN_UNSUPPORTED", support.KNOWN_UNSUPPORTED - {"aten.i0"})
-    monkeypatch.setattr(compiled_graph, "_support_tables", {})
+    monkeypatch.setattr(STATE, "support_tables", {})
 
     def fn(a):
         return torch.special.i0(a.sin() * 2).cos()
@@ -253,7 +252,7 @@ def test_reproducer_bundle_for_a_failed_lowering(tmp_path, monkeypatch):
 
 def test_reproducer_goes_under_the_cache_dir_without_a_report_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(support, "KNOWN_UNSUPPORTED", support.KNOWN_UNSUPPORTED - {"aten.i0"})
-    monkeypatch.setattr(compiled_graph, "_support_tables", {})
+    monkeypatch.setattr(STATE, "support_tables", {})
     torch.compile(lambda a: torch.special.i0(a.cos()) + 1, backend="tpu")(torch.randn(8))
     (repro,) = report.current().repros
     assert Path(repro.path).parent == tmp_path / "cache" / "repro"

@@ -16,6 +16,7 @@ import tpu_inductor.report as report
 import tpu_inductor.runtime.threads as threads
 from tpu_inductor.config import Config
 from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import platform
 from tpu_inductor.runtime.platform import get_platform
 
@@ -84,7 +85,7 @@ def test_xla_pool_follows_the_configured_size_else_torch(monkeypatch):
 def test_kernel_timings_are_kept_per_thread_count(monkeypatch, tmp_path):
     measured = []
     monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (measured.append(node), (1e-3, 2e-3))[1])
-    monkeypatch.setattr(compiled_graph, "_kernel_choosers", {})
+    monkeypatch.setattr(STATE, "kernel_choosers", {})
     model = torch.nn.Conv2d(8, 8, 3, padding=1).eval()
     x = torch.randn(2, 8, 16, 16)
     before = torch.get_num_threads()

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 import tpu_inductor.report as report
 from tpu_inductor import aot_cache, cli
+from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import executable, torch_cache
 from tpu_inductor.runtime.disk_cache import MANIFEST, DiskCache
 
@@ -39,7 +40,7 @@ class MLP(nn.Module):
 
 def fresh_process() -> None:
     torch._dynamo.reset()
-    executable.clear_memory_cache()
+    STATE.reset()
     report.reset()
 
 
@@ -326,3 +327,19 @@ def test_a_symbolic_training_step_reuses_its_traced_graphs(tmp_path):
     assert traced(warm) == [(True, None)]
     assert [d.lowerings for d in warm.dynamic_graphs] == [0, 0]
     assert not warm.fallbacks()
+
+
+def test_process_state_reset_is_a_new_process_for_what_it_compiled(tmp_path):
+    def fn(x):
+        return x.cos() * 3
+
+    x = torch.randn(4, 8)
+    compiled = torch.compile(fn, backend="tpu", options={"cache_dir": str(tmp_path)})
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert STATE.executables and STATE.support_tables
+    STATE.reset()
+    assert not any(vars(STATE).values())
+    torch._dynamo.reset()
+    report.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="tpu", options={"cache_dir": str(tmp_path)})(x), fn(x))
+    assert sources(report.current()) == [("disk", "disk")]  # not from memory: it was forgotten

@@ -41,6 +41,7 @@ from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
 from torch._inductor.output_code import OutputCode
 
 from tpu_inductor import report
+from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime.disk_cache import TRACED_INDEX
 from tpu_inductor.runtime.executable import versions_digest
 from tpu_inductor.runtime.persisted_dict import PersistedDict
@@ -244,13 +245,11 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-_indexes: dict[Path, PersistedDict] = {}
-
-
 def _index(cache_dir: Path) -> PersistedDict:
-    if cache_dir not in _indexes:
-        _indexes[cache_dir] = PersistedDict(cache_dir / TRACED_INDEX)
-    return _indexes[cache_dir]
+    indexes = STATE.traced_indexes
+    if cache_dir not in indexes:
+        indexes[cache_dir] = PersistedDict(cache_dir / TRACED_INDEX)
+    return indexes[cache_dir]
 
 
 def _record_lookup(before: dict[str, int], after: dict[str, int], bypasses: list[str], traced: _Traced) -> None:

@@ -32,6 +32,7 @@ from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
 from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
+from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
     DeviceExecutable,
@@ -82,29 +83,25 @@ class CompileContext:
         return eager_workers_compete(self.platform.name == "cpu")
 
 
-_support_tables: dict[Optional[str], SupportTable] = {}
-
-
-_kernel_choosers: dict[tuple, Optional[KernelChooser]] = {}
-
-
 def _kernel_chooser(platform: Platform, cache_root) -> Optional[KernelChooser]:
     """One chooser per platform and cache directory: timings are measured once."""
     key = (platform.name, platform.device_kind, str(cache_root))
-    if key not in _kernel_choosers:
-        _kernel_choosers[key] = KernelChooser.for_platform(platform, cache_root)
-    return _kernel_choosers[key]
+    choosers = STATE.kernel_choosers
+    if key not in choosers:
+        choosers[key] = KernelChooser.for_platform(platform, cache_root)
+    return choosers[key]
 
 
 def _support_table(cache_root) -> SupportTable:
     """One table per cache directory, shared by every region of the process."""
     key = str(cache_root) if cache_root else None
-    if key not in _support_tables:
+    tables = STATE.support_tables
+    if key not in tables:
         # What failed with one torch-mlir/XLA (or one version of our lowering
         # code) may lower with the next: one file per versions + source digest.
         name = LEARNED_UNSUPPORTED.format(digest=versions_digest())
-        _support_tables[key] = SupportTable(cache_root / name if cache_root else None)
-    return _support_tables[key]
+        tables[key] = SupportTable(cache_root / name if cache_root else None)
+    return tables[key]
 
 
 class DeviceIsland:

@@ -5,7 +5,9 @@ backend then did with each graph (islands, fallbacks, compile time, cache).
 This runs ``fn`` under ``torch.compile(backend="tpu")`` with a fresh Dynamo
 and a fresh record, and returns that record: print it for a summary,
 ``to_json()`` for tools. Like ``torch._dynamo.explain`` it resets Dynamo
-first, so what was compiled before is compiled again and shows up.
+first, so what was compiled before is compiled again and shows up; and it
+forgets what this process holds between compiles (:mod:`tpu_inductor.process_state`),
+so the report shows what a new process would do with the same cache directory.
 
 The returned report stays the process's current record: calls made after
 ``explain`` (say, the same function with another shape) keep adding to it.
@@ -17,6 +19,7 @@ import collections
 from typing import Any, Callable
 
 from tpu_inductor import report as record
+from tpu_inductor.process_state import STATE
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> record.Report:
@@ -29,6 +32,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> record.Report:
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    STATE.reset()
     report = record.reset()
     before = collections.Counter(counters["graph_break"])
     torch.compile(fn, backend="tpu")(*args, **kwargs)

@@ -54,6 +54,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from tpu_inductor.process_state import STATE
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
@@ -179,7 +181,6 @@ class _CorruptEntry(Exception):
 
 # Per directory and process: a directory that refused a write is not written
 # again, so its warning appears once however many regions use it.
-_unwritable: dict[str, str] = {}
 _unwritable_lock = threading.Lock()
 
 
@@ -317,7 +318,7 @@ class DiskCache:
 
     def _touch(self, entry: Path, manifest: dict[str, Any]) -> None:
         """Record the hit for LRU and ``cache info``; losing it is harmless."""
-        if str(self.root) in _unwritable:
+        if str(self.root) in STATE.unwritable_dirs:
             return
         try:
             atomic_write(entry / MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -376,7 +377,7 @@ class DiskCache:
     def _publish_entry(self, kind: str, name: str, files: dict[str, bytes], observe: bool = True) -> bool:
         """Write ``files`` (the manifest among them) as entry ``kind/name``:
         in a hidden directory, published with one rename."""
-        if str(self.root) in _unwritable:
+        if str(self.root) in STATE.unwritable_dirs:
             return False
         kind_dir = self.root / kind
         tmp_dir = kind_dir / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -400,9 +401,9 @@ class DiskCache:
 
     def _disable_writes(self, exc: OSError) -> None:
         with _unwritable_lock:
-            if str(self.root) in _unwritable:
+            if str(self.root) in STATE.unwritable_dirs:
                 return
-            _unwritable[str(self.root)] = str(exc)
+            STATE.unwritable_dirs[str(self.root)] = str(exc)
         log.warning(
             "tpu_inductor: cannot write the cache directory %s (%s); continuing without "
             "writing to the disk cache (set cache_dir / TPU_INDUCTOR_CACHE_DIR to a writable "

@@ -23,6 +23,7 @@ import torch
 from jaxlib import _jax
 
 from tpu_inductor import report
+from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import transfer
 from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache, Lookup
 from tpu_inductor.runtime.platform import Platform
@@ -97,15 +98,13 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-_resident: dict[tuple[str, int], transfer.ResidentBuffers] = {}
-
-
 def resident_buffers(platform: Platform) -> transfer.ResidentBuffers:
     """The process-wide device copies of tensors for ``platform``'s device."""
     key = (platform.name, platform.device.id)
-    if key not in _resident:
-        _resident[key] = transfer.ResidentBuffers()
-    return _resident[key]
+    resident = STATE.resident_buffers
+    if key not in resident:
+        resident[key] = transfer.ResidentBuffers()
+    return resident[key]
 
 
 class DeviceExecutable:
@@ -169,14 +168,6 @@ class DeviceExecutable:
         self._outputs_checked = True
 
 
-_memory_cache: dict[str, Any] = {}
-
-
-def clear_memory_cache() -> None:
-    """Forget executables compiled in this process (the disk cache is untouched)."""
-    _memory_cache.clear()
-
-
 def _compile_options() -> Any:
     """The options every executable is compiled with (XLA's defaults)."""
     return _jax.CompileOptions()
@@ -232,7 +223,7 @@ def compile_stablehlo(
     key = executable_key(module, input_specs, platform, xla_flags)
     digest = key.digest
     devices = _jax.DeviceList((platform.device,))
-    loaded = _memory_cache.get(digest)
+    loaded = STATE.executables.get(digest)
     source = "memory"
     if loaded is None and disk_cache is not None:
         lookup = disk_cache.load(
@@ -250,7 +241,7 @@ def compile_stablehlo(
             loaded = platform.client.compile_and_load(module, devices, _compile_options())
         if disk_cache is not None:
             _store(disk_cache, key, module, loaded, platform, time.perf_counter() - compile_started)
-    _memory_cache[digest] = loaded
+    STATE.executables[digest] = loaded
     stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest)
     log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
     return loaded, stats
