@@ -15,13 +15,14 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+"""The types of a symbolic size or number, for ``isinstance`` everywhere."""
 
 
 def has_symbolic_inputs(example_inputs: Sequence[Any]) -> bool:
     """True when any input is a SymInt or has a symbolic size or stride."""
     for value in example_inputs:
-        if isinstance(value, _SYMBOLIC):
+        if isinstance(value, SYMBOLIC_TYPES):
             return True
         if isinstance(value, torch.Tensor) and any(
             isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())
@@ -35,7 +36,7 @@ def shape_env_of(values: Sequence[Any]):
     for value in values:
         sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
         for size in sizes:
-            if isinstance(size, _SYMBOLIC) and size.node.shape_env is not None:
+            if isinstance(size, SYMBOLIC_TYPES) and size.node.shape_env is not None:
                 return size.node.shape_env
     return None
 
@@ -57,7 +58,7 @@ def dynamic_dims(gm: torch.fx.GraphModule) -> dict[str, str]:
     for value in values:
         sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
         for size in sizes:
-            if isinstance(size, _SYMBOLIC):
+            if isinstance(size, SYMBOLIC_TYPES):
                 for symbol in size.node.expr.free_symbols:
                     found.setdefault(str(symbol), symbol_source(shape_env, symbol))
     return found

@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from tpu_inductor import report
+from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import LoweringError, OutputMismatchError
 from tpu_inductor.lowering.refine import refine_to_static
 from tpu_inductor.lowering.symbolic import SymbolicModule
@@ -30,8 +31,6 @@ from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
 from tpu_inductor.runtime.executable import TensorSpec
 
 log = logging.getLogger(__name__)
-
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class CallState(threading.local):
@@ -65,7 +64,7 @@ class SymbolicIsland:
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
                 self._tensor_inputs.append((tuple(expr_of(s) for s in val.shape), val.dtype))
-            elif isinstance(val, (*_SYMBOLIC, int, float)):
+            elif isinstance(val, (*SYMBOLIC_TYPES, int, float)):
                 self._scalar_inputs[index] = expr_of(val) if not isinstance(val, float) else val
             else:
                 raise LoweringError(f"{name}: unsupported island input {val!r}")

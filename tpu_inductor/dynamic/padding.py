@@ -17,10 +17,9 @@ import sympy
 import torch
 import torch.fx
 
+from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.passes.padding_safety import expr_of
-
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 class ShapeBinding:
@@ -53,7 +52,7 @@ class ShapeBinding:
                         self._compound.append((index, dim, expr))
                         if expr.free_symbols & padded:
                             self._pad.setdefault(index, []).append((dim, expr))
-            elif isinstance(val, _SYMBOLIC):
+            elif isinstance(val, SYMBOLIC_TYPES):
                 expr = expr_of(val)
                 symbols |= expr.free_symbols
                 self._scalars.append((index, expr))

@@ -138,7 +138,7 @@ def graph_key(
 
 def _symbol_ranges(gm: torch.fx.GraphModule) -> dict[str, str]:
     """The value range of each symbol in ``gm``'s placeholders: torch-mlir reads them."""
-    from tpu_inductor.dynamic import shape_env_of
+    from tpu_inductor.dynamic import SYMBOLIC_TYPES, shape_env_of
 
     values = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
     shape_env = shape_env_of(values)
@@ -147,7 +147,7 @@ def _symbol_ranges(gm: torch.fx.GraphModule) -> dict[str, str]:
     for value in values:
         sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
         for size in sizes:
-            if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if isinstance(size, SYMBOLIC_TYPES):
                 symbols |= size.node.expr.free_symbols
     return {str(s): str(ranges.get(s)) for s in sorted(symbols, key=str)}
 

@@ -29,6 +29,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.passes.decompositions import ATTENTION_OPS
 from tpu_inductor.passes.tie_sensitive_ops import tie_order_reason
 
@@ -259,7 +260,7 @@ def _same(value: object, default: object) -> bool:
 
 def _describe_value(value: object) -> str:
     """A sizes list, a flag, a dtype; ``?`` for a symbolic size (it is read at run time)."""
-    if isinstance(value, torch.fx.Node) or isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if isinstance(value, torch.fx.Node) or isinstance(value, SYMBOLIC_TYPES):
         return "?"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_describe_value(v) for v in value) + "]"

@@ -21,9 +21,10 @@ import time
 import torch
 import torch.fx
 
+from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.lowering.pipelines import to_stablehlo
 
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+_NUMBERS = (*SYMBOLIC_TYPES, int, float, bool)
 
 
 @dataclasses.dataclass
@@ -54,4 +55,4 @@ def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main", *, isolate: boo
 def scalar_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     """Positions of ``gm``'s placeholders that are numbers (module ``i64`` arguments)."""
     placeholders = gm.graph.find_nodes(op="placeholder")
-    return tuple(i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _SYMBOLIC))
+    return tuple(i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), _NUMBERS))

@@ -20,10 +20,10 @@ import sympy
 import torch
 import torch.fx
 
+from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.passes.padding_safety import expr_of
 
 aten = torch.ops.aten
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def hoist_sizes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -35,7 +35,7 @@ def hoist_sizes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     readers: dict[sympy.Symbol, tuple[torch.fx.Node, Optional[int]]] = {}
     for node in placeholders:
         val = node.meta.get("val")
-        if isinstance(val, _SYMBOLIC) and isinstance(expr_of(val), sympy.Symbol):
+        if isinstance(val, SYMBOLIC_TYPES) and isinstance(expr_of(val), sympy.Symbol):
             readers.setdefault(expr_of(val), (node, None))
     for node in placeholders:
         val = node.meta.get("val")

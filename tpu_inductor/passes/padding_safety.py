@@ -45,6 +45,7 @@ import sympy
 import torch
 import torch.fx
 
+from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import user_source_line
 from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION
 from tpu_inductor.passes.real_lengths import is_extent
@@ -55,7 +56,6 @@ prims = torch.ops.prims
 Factor = sympy.Expr
 Dim = tuple[Factor, ...]
 Layout = tuple[Dim, ...]
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _ONE: Dim = (sympy.Integer(1),)
 
 
@@ -87,7 +87,7 @@ def analyze_padding(gm: torch.fx.GraphModule) -> PaddingAnalysis:
 
 def expr_of(value: Any) -> sympy.Expr:
     """The sympy expression of a size (SymInt or int)."""
-    if isinstance(value, _SYMBOLIC):
+    if isinstance(value, SYMBOLIC_TYPES):
         node = value.node
         return node.shape_env.replace(node.expr) if node.shape_env is not None else node.expr
     return sympy.Integer(int(value))
@@ -226,7 +226,7 @@ class _Analyzer:
             # Inputs are padded at the end of each padded dim (dynamic/padding.py).
             self.layouts[node] = self._plain(val.shape, prefix=True)
             self.aliases_input.add(node)
-        elif isinstance(val, _SYMBOLIC):
+        elif isinstance(val, SYMBOLIC_TYPES):
             self.symbols |= expr_of(val).free_symbols
 
     def _outputs(self, node: torch.fx.Node) -> None:
@@ -236,7 +236,7 @@ class _Analyzer:
             if not isinstance(out, torch.fx.Node):
                 continue
             val = out.meta.get("val")
-            if isinstance(val, _SYMBOLIC):
+            if isinstance(val, SYMBOLIC_TYPES):
                 continue  # a size returned as a number is computed from the real sizes (dynamic/padding.py)
             layout = self.layout(out)
             if layout is None:
@@ -282,7 +282,7 @@ class _Analyzer:
                 continue
             for item in _flatten(value):
                 sym = item.meta.get("val") if isinstance(item, torch.fx.Node) else item
-                if isinstance(sym, _SYMBOLIC):
+                if isinstance(sym, SYMBOLIC_TYPES):
                     self.mark(expr_of(sym).free_symbols, f"uses {expr_of(sym)} as a value ({name})")
 
     def _unknown(self, node: torch.fx.Node, why: str = "has no padding rule") -> None:
@@ -388,7 +388,7 @@ def _symbols_of(val: Any) -> set:
     for v in _flatten(val):
         if isinstance(v, torch.Tensor):
             found |= _free(expr_of(s) for s in v.shape)
-        elif isinstance(v, _SYMBOLIC):
+        elif isinstance(v, SYMBOLIC_TYPES):
             found |= expr_of(v).free_symbols
     return found
 
