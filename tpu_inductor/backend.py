@@ -152,8 +152,9 @@ def _compile_aten(
     from the traced cache brings its own)."""
     if parameters is None:
         parameters = parameter_inputs()
-    # Backward graphs compile at the first backward call, after Dynamo's trace
-    # is over: the trace record travels with the compiler.
+    # A backward graph may compile at the first backward call (unless the
+    # traced level compiles it with the forward), after Dynamo's trace is
+    # over: the trace record travels with the compiler.
     with report.within_trace(trace), report.stage("backend"):
         # The pipeline rewrites gm in place; a failure half-way must not leave
         # the eager fallback a half-rewritten graph.
@@ -170,6 +171,8 @@ def _compile_aten(
                 kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
+            # A copy: eager_graph keeps its record in the graph's meta, and
+            # as_traced is what the traced level pickles.
             compiled = eager_graph(
                 runnable_copy(as_traced), kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}"
             )

@@ -8,6 +8,10 @@ the component versions, an entry hands back the StableHLO bytecode directly;
 the executable level (:mod:`tpu_inductor.runtime.executable`) then maps that to
 a compiled executable.
 
+A static island's entry holds its StableHLO bytecode; a symbolic island's
+(dynamic/graph.py) holds the text with dynamic dims that each bucket is
+refined from, keyed also by the symbols' value ranges.
+
 A graph we cannot fingerprint exactly (an argument whose ``repr`` is not its
 value, a fake or meta constant) is lowered without this level: a missed hit
 costs seconds, a wrong hit costs a wrong result.

@@ -11,6 +11,13 @@ Layout, one directory per entry::
     <cache_dir>/executables/<key>/   StableHLO -> PJRT executable (skips XLA)
         module.mlirbc  executable.bin  manifest.json
 
+(The traced level, Dynamo graph -> ATen graphs, is PyTorch's AOTAutogradCache
+in PyTorch's directory: tpu_inductor/aot_cache.py.) Entries another cache
+exported come in through :meth:`DiskCache.import_entry`, checked against
+their manifests; every entry stored or hit is shown to
+:attr:`DiskCache.entry_observer`, which is how PyTorch's portable cache
+bundle carries them (runtime/cache_artifacts.py).
+
 ``<key>`` is ``<identity>-<environment>``: the identity digest covers what is
 compiled (ATen graph or StableHLO bytes plus input avals), the environment
 digest everything else that changes the result (versions, platform, compile
@@ -199,8 +206,8 @@ REPRO_DIR = "repro"
 class DiskCache:
     """Entries of two kinds (``graphs``, ``executables``) under one directory,
     the files of what processes learned beside them (:data:`LEARNED_UNSUPPORTED`,
-    :data:`KERNEL_TIMINGS`) and reproducer bundles (:data:`REPRO_DIR`): every
-    path under the cache directory is named here."""
+    :data:`KERNEL_TIMINGS`, :data:`TRACED_INDEX`) and reproducer bundles
+    (:data:`REPRO_DIR`): every path under the cache directory is named here."""
 
     entry_observer: Optional[Callable[[str, str, dict[str, bytes]], None]] = None
     """Called with (kind, entry name, files and manifest) for every entry this
