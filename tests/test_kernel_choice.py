@@ -122,6 +122,30 @@ def test_decision_is_kept_for_later_processes(timings, tmp_path):
     assert [k.op for k in _measured_choices(_graph())] == ["convolution_pointwise_channels_last"]
 
 
+def test_the_portable_bundle_carries_the_timings(timings, tmp_path, monkeypatch):
+    """A cache shipped with torch.compiler.save_cache_artifacts() is warm for
+    kernel choice too: the other machine does not measure again."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager.clear()
+    x = torch.randn(2, 8, 16, 16)
+    _run({"cache_dir": str(tmp_path / "a")}, x)
+    assert len(timings["measured"]) == 1
+    blob, info = torch.compiler.save_cache_artifacts()
+    assert any(name.startswith("kernel_timings-") for name in info.tpu_inductor_learned_artifacts)
+    CacheArtifactManager.clear()
+
+    monkeypatch.setenv("TPU_INDUCTOR_CACHE_DIR", str(tmp_path / "b"))
+    torch.compiler.load_cache_artifacts(blob)
+    STATE.reset()
+    torch._dynamo.reset()
+    report.reset()
+    _run({}, x)
+    assert len(timings["measured"]) == 1
+    assert [k.op for k in _measured_choices(_graph())] == ["convolution_pointwise_channels_last"]
+    CacheArtifactManager.clear()
+
+
 def test_option_off_keeps_every_conv_on_the_device(timings):
     x = torch.randn(2, 8, 16, 16)
     expected, actual = _run({"cache": False, "eager_kernels": False}, x)

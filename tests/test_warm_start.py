@@ -173,6 +173,7 @@ def test_the_portable_bundle_carries_our_entries(tmp_path, monkeypatch):
     blob, info = torch.compiler.save_cache_artifacts()
     assert len(info.tpu_inductor_artifacts) == 4  # StableHLO and executable, forward and backward
     assert len(info.aot_autograd_artifacts) == 1
+    assert "traced_graphs.json" in info.tpu_inductor_learned_artifacts
 
     CacheArtifactManager.clear()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch-b"))

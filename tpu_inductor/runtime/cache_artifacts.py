@@ -8,7 +8,9 @@ bundle would carry our traced graphs but not the StableHLO and executables
 they need, and the other machine would run torch-mlir and XLA again.
 
 Every entry this process stores or hits is recorded (as Inductor's are), so a
-warm process can export again. ``load_cache_artifacts()`` writes our entries
+warm process can export again; so are the files of what it learned beside the
+entries (kernel timings above all: without them the other machine would
+measure kernel choices again, and could partition differently and miss). ``load_cache_artifacts()`` writes our entries
 into the cache directory the environment names (``TPU_INDUCTOR_CACHE_DIR``,
 else the default): no ``torch.compile`` options exist at that point. Entries
 are checked against their manifests' checksums before they are published.
@@ -21,17 +23,22 @@ tpu_inductor`` (after ``import torch``) or any compile with the backend does it.
 from __future__ import annotations
 
 import io
+import json
 import logging
+import re
 import zipfile
+from pathlib import Path
 
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
 from tpu_inductor.config import Config
-from tpu_inductor.runtime.disk_cache import DiskCache
+from tpu_inductor.runtime.disk_cache import DiskCache, atomic_write
+from tpu_inductor.runtime.persisted_dict import PersistedDict
 
 log = logging.getLogger(__name__)
 
 ARTIFACT_TYPE = "tpu_inductor"
+LEARNED_TYPE = "tpu_inductor_learned"
 
 
 @CacheArtifactFactory.register
@@ -55,6 +62,29 @@ class TpuInductorCacheArtifact(CacheArtifact):
         DiskCache(config.resolved_cache_dir, config.cache_max_bytes).import_entry(kind, name, files)
 
 
+@CacheArtifactFactory.register
+class TpuInductorLearnedArtifact(CacheArtifact):
+    """One learned file beside our entries: key its name, content its JSON.
+    Loading merges it into the file of that name; what is there already wins."""
+
+    @staticmethod
+    def type() -> str:
+        return LEARNED_TYPE
+
+    def populate_cache(self) -> None:
+        config = Config.load()
+        if not config.cache or not re.fullmatch(r"[\w.-]+\.json", self.key):
+            return
+        try:
+            incoming = json.loads(self.content)
+            target = config.resolved_cache_dir / self.key
+            present = json.loads(target.read_bytes()) if target.exists() else {}
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, json.dumps({**incoming, **present}, indent=1).encode())
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("tpu_inductor: ignoring the cache artifact %s: %s", self.key, exc)
+
+
 def pack(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:  # executables do not compress
@@ -72,4 +102,9 @@ def _record(kind: str, name: str, files: dict[str, bytes]) -> None:
     CacheArtifactManager.record_artifact(ARTIFACT_TYPE, f"{kind}/{name}", pack(files))
 
 
+def _record_learned(path: Path, data: bytes) -> None:
+    CacheArtifactManager.record_artifact(LEARNED_TYPE, path.name, data)
+
+
 DiskCache.entry_observer = _record
+PersistedDict.observer = _record_learned

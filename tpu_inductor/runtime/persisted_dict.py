@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tpu_inductor.runtime.disk_cache import atomic_write
 
@@ -22,6 +22,10 @@ class PersistedDict:
     holds what can be learned again.
     """
 
+    observer: Optional[Callable[[Path, bytes], None]] = None
+    """Called with (file, its bytes) whenever one is read or written: how
+    PyTorch's portable cache bundle carries what was learned (runtime/cache_artifacts.py)."""
+
     def __init__(self, path: Optional[Path]) -> None:
         self._path = path
         self._entries: dict[str, Any] = {}
@@ -29,9 +33,12 @@ class PersistedDict:
         self._lock = threading.Lock()
         if path is not None and path.exists():
             try:
-                self._entries = dict(json.loads(path.read_text()))
+                data = path.read_bytes()
+                self._entries = dict(json.loads(data))
             except (OSError, ValueError) as exc:
                 log.warning("tpu_inductor: ignoring unreadable %s: %s", path, exc)
+            else:
+                self._observe(data)
 
     def get(self, key: str) -> Any:
         return self._entries.get(key)
@@ -66,6 +73,13 @@ class PersistedDict:
         kept = {k: v for k, v in self._entries.items() if k not in self._this_process_only}
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self._path, json.dumps(kept, indent=1).encode())
+            data = json.dumps(kept, indent=1).encode()
+            atomic_write(self._path, data)
         except OSError as exc:
             log.debug("tpu_inductor: cannot persist %s: %s", self._path.name, exc)
+        else:
+            self._observe(data)
+
+    def _observe(self, data: bytes) -> None:
+        if PersistedDict.observer is not None and self._path is not None:
+            PersistedDict.observer(self._path, data)
