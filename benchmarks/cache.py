@@ -172,6 +172,10 @@ def _median(results: list[dict]) -> float | None:
     return statistics.median(times) if len(times) == len(results) else None
 
 
+def _cell(value: float | None, width: int = 10, form: str = "{:.3f}") -> str:
+    return (form.format(value) if value is not None else "failed").rjust(width)
+
+
 def _table(mode: str, runs: dict, models: list[str]) -> tuple[dict, bool]:
     print(f"\n{mode}: torch.compile to first result, seconds")
     print(f"{'model':24} {'tpu cold':>9} {'tpu warm':>9} {'warm/cold':>10} {'ind. cold':>10} "
@@ -191,12 +195,9 @@ def _table(mode: str, runs: dict, models: list[str]) -> tuple[dict, bool]:
         versus = values["tpu warm"] / inductor if inductor else None
         medians[model] = {**values, "tpu warm/cold": ratio, "tpu warm/inductor warm": versus}
         met &= ratio <= 0.25 and (versus is None or versus <= 1.0)
-
-        def cell(value, width=10, form="{:.3f}"):
-            return (form.format(value) if value is not None else "failed").rjust(width)
-
-        print(f"{model:24} {cell(values['tpu cold'], 9)} {cell(values['tpu warm'], 9)} {cell(ratio, 10, '{:.1%}')} "
-              f"{cell(values['inductor cold'])} {cell(inductor)} {cell(versus, 14, '{:.2f}')}")
+        print(f"{model:24} {_cell(values['tpu cold'], 9)} {_cell(values['tpu warm'], 9)} "
+              f"{_cell(ratio, 10, '{:.1%}')} {_cell(values['inductor cold'])} {_cell(inductor)} "
+              f"{_cell(versus, 14, '{:.2f}')}")
         warm = runs[model]["tpu"]["warm"][-1]
         print(f"{'':24} tpu warm: stages {warm['stages']}, cache hits {warm['cache_events']}")
     return medians, met

@@ -10,10 +10,12 @@ they need, and the other machine would run torch-mlir and XLA again.
 Every entry this process stores or hits is recorded (as Inductor's are), so a
 warm process can export again; so are the files of what it learned beside the
 entries (kernel timings above all: without them the other machine would
-measure kernel choices again, and could partition differently and miss). ``load_cache_artifacts()`` writes our entries
-into the cache directory the environment names (``TPU_INDUCTOR_CACHE_DIR``,
-else the default): no ``torch.compile`` options exist at that point. Entries
-are checked against their manifests' checksums before they are published.
+measure kernel choices again, and could partition differently and miss).
+``load_cache_artifacts()`` writes them into the cache directory the
+environment names (``TPU_INDUCTOR_CACHE_DIR``, else the default): no
+``torch.compile`` options exist at that point. Entries are checked against
+their manifests' checksums before they are published; a learned file merges
+into the one there, whose entries win.
 
 PyTorch drops the whole bundle when it meets a type nobody registered, so the
 type must be registered before ``load_cache_artifacts()``: ``import
@@ -32,7 +34,7 @@ from pathlib import Path
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
 from tpu_inductor.config import Config
-from tpu_inductor.runtime.disk_cache import DiskCache, atomic_write
+from tpu_inductor.runtime.disk_cache import DiskCache
 from tpu_inductor.runtime.persisted_dict import PersistedDict
 
 log = logging.getLogger(__name__)
@@ -76,13 +78,11 @@ class TpuInductorLearnedArtifact(CacheArtifact):
         if not config.cache or not re.fullmatch(r"[\w.-]+\.json", self.key):
             return
         try:
-            incoming = json.loads(self.content)
-            target = config.resolved_cache_dir / self.key
-            present = json.loads(target.read_bytes()) if target.exists() else {}
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, json.dumps({**incoming, **present}, indent=1).encode())
-        except (OSError, ValueError, TypeError) as exc:
+            incoming = dict(json.loads(self.content))
+        except (ValueError, TypeError) as exc:
             log.warning("tpu_inductor: ignoring the cache artifact %s: %s", self.key, exc)
+            return
+        PersistedDict(config.resolved_cache_dir / self.key).merge(incoming)
 
 
 def pack(files: dict[str, bytes]) -> bytes:

@@ -284,15 +284,19 @@ class DiskCache:
 
     @staticmethod
     def _read_files(entry: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
-        files = {}
+        files = {name: (entry / name).read_bytes() for name in manifest["files"]}
+        DiskCache._check_files(files, manifest)
+        return files
+
+    @staticmethod
+    def _check_files(files: dict[str, bytes], manifest: dict[str, Any]) -> None:
+        """Raise unless each file the manifest lists has its size and sha256."""
         for name, meta in manifest["files"].items():
-            data = (entry / name).read_bytes()
+            data = files[name]
             if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
                 raise _CorruptEntry(
                     CORRUPTED, f"{name}: {len(data)} bytes fail the checksum (truncated or corrupted)"
                 )
-            files[name] = data
-        return files
 
     def _miss_reason(self, kind: str, key: CacheKey) -> str:
         """Why there is no entry: compare with entries of the same identity."""
@@ -369,14 +373,12 @@ class DiskCache:
             return False
         try:
             manifest = json.loads(files[MANIFEST])
-            listed = manifest["files"]
-            intact = set(listed) == set(files) - {MANIFEST} and all(
-                len(files[f]) == meta["bytes"] and hashlib.sha256(files[f]).hexdigest() == meta["sha256"]
-                for f, meta in listed.items()
-            )
-        except (ValueError, KeyError, TypeError):
+            intact = set(manifest["files"]) == set(files) - {MANIFEST} and manifest.get("key") == name
+            if intact:
+                self._check_files(files, manifest)
+        except (_CorruptEntry, ValueError, KeyError, TypeError, AttributeError):
             intact = False
-        if not intact or manifest.get("key") != name:
+        if not intact:
             log.warning("tpu_inductor: ignoring imported cache entry %s/%s: it fails its checksums", kind, name)
             return False
         return self._publish_entry(kind, name, files, observe=False)

@@ -56,6 +56,14 @@ class PersistedDict:
             self._this_process_only.discard(key)
             self._save()
 
+    def merge(self, entries: dict[str, Any]) -> None:
+        """Remember every entry of ``entries`` not known yet, in one write."""
+        with self._lock:
+            missing = {k: v for k, v in entries.items() if k not in self._entries}
+            if missing:
+                self._entries.update(missing)
+                self._save()
+
     def pop(self, key: str) -> None:
         with self._lock:
             if self._entries.pop(key, None) is not None:

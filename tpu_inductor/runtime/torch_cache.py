@@ -13,7 +13,6 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 TRACED_MARK = b"tpu_inductor.aot_cache"
 """Bytes each of our entries holds: the module name of the class it pickles."""
@@ -32,9 +31,9 @@ def torch_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
-def traced_entries(root: Optional[Path] = None) -> list[Path]:
+def traced_entries() -> list[Path]:
     """Our AOTAutogradCache entries (``aotautograd/<key>/<entry>``); Inductor's are left alone."""
-    root = torch_cache_dir() / "aotautograd" if root is None else root
+    root = torch_cache_dir() / "aotautograd"
     found = []
     for path in sorted(root.glob("*/*")) if root.is_dir() else ():
         try:
@@ -45,10 +44,10 @@ def traced_entries(root: Optional[Path] = None) -> list[Path]:
     return found
 
 
-def clear_traced_entries(root: Optional[Path] = None) -> int:
+def clear_traced_entries() -> int:
     """Remove our entries (and key directories left empty); returns how many."""
     removed = 0
-    for path in traced_entries(root):
+    for path in traced_entries():
         try:
             path.unlink()
             removed += 1
