@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tpu_inductor.report
-from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.placement.kernel_choice import KernelChooser
 from tpu_inductor.process_state import STATE
 
 

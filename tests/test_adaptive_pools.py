@@ -1,4 +1,4 @@
-"""Adaptive pools whose windows differ in length run on the device (passes/adaptive_pools.py)."""
+"""Adaptive pools whose windows differ in length run on the device (decompositions/adaptive_pools.py)."""
 
 from __future__ import annotations
 

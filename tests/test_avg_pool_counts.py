@@ -15,7 +15,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
-from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
+from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 
 F = torch.nn.functional
 

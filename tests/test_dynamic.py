@@ -21,8 +21,8 @@ from models import GPT, MLP  # tests/ is on sys.path (pytest rootdir-relative im
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic.buckets import BucketPolicy
 from tpu_inductor.errors import ConfigError, RecompileBudgetError, RecompileBudgetWarning
-from tpu_inductor.passes.decompositions import decomposition_table
-from tpu_inductor.passes.padding_safety import analyze_padding, expr_of
+from tpu_inductor.decompositions.table import decomposition_table
+from tpu_inductor.analysis.padding_safety import analyze_padding, expr_of
 
 OPTIONS = {"cache": False}
 MODEL_TOL = dict(rtol=1e-4, atol=1e-5)
@@ -390,7 +390,7 @@ def test_an_executable_returning_other_shapes_than_promised_runs_its_island_eage
     the island's ATen graph runs instead, and the report says why. (torch-mlir's
     dynamic ceil_mode average pool returned one window fewer per dim; the support
     table now keeps it off the device, so it is let through here to check the net.)"""
-    from tpu_inductor.lowering import support
+    from tpu_inductor.placement import support
 
     monkeypatch.setattr(support, "_known_bad_lowering", lambda node, key: None)
     fn = lambda x: torch.nn.functional.avg_pool2d(x, 3, 2, ceil_mode=True) * 2  # noqa: E731

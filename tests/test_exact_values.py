@@ -1,6 +1,6 @@
 """Ops that lowered, ran on the device and returned wrong numbers, now eager's.
 
-Each case failed before passes/exact_values.py (or the unsigned reduction
+Each case failed before decompositions/exact_values.py (or the unsigned reduction
 identities of lowering/compare_types.py): results of the right shape that
 differed from eager's, with no fallback to say so. Every case checks that the
 op ran on the device (no fallback, at least one island); integer, bool and

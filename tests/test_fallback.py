@@ -152,7 +152,7 @@ def test_failed_lowering_is_learned_and_remembered(tmp_path):
         return torch.ops.aten.__lshift__.Scalar(a, 2) + a.sum()
 
     a = torch.arange(-3, 4)
-    from tpu_inductor.passes import decompositions
+    from tpu_inductor.decompositions import table as decompositions
 
     # Without our decomposition, torch-mlir fails on the Scalar shift overload.
     table = decompositions._OURS
@@ -179,7 +179,7 @@ def test_out_of_memory_is_learned_for_this_process_only(tmp_path):
     """A lowering that ran out of memory says nothing about its ops: after one
     std::bad_alloc every probe failed (mm and add included); persisting that
     would keep them off the device in every later process."""
-    from tpu_inductor.lowering.support import SupportTable
+    from tpu_inductor.placement.support import SupportTable
 
     path = tmp_path / "learned.json"
     table = SupportTable(path)

@@ -1,5 +1,5 @@
 """``freeze_parameters``: what depends only on parameters is computed once and
-reused while they are unchanged (passes/frozen_parameters.py,
+reused while they are unchanged (analysis/frozen_parameters.py,
 compiled_graph.ReusedResults).
 
 Results are compared with eager at rtol/atol 1e-5: the frozen island is the
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
-from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
+from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
 from tpu_inductor.reporting.summary import summarize
 
 aten = torch.ops.aten

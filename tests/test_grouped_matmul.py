@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tpu_inductor.report as report
-from tpu_inductor.passes.grouped_matmul import grouped_mm, grouped_mm_backward
+from tpu_inductor.decompositions.grouped_matmul import grouped_mm, grouped_mm_backward
 
 OPTIONS = {"cache": False}
 

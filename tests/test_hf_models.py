@@ -70,7 +70,7 @@ INFERENCE: dict[tuple[str, str], tuple[frozenset[str], int]] = {
 # holds the open-ended slice_scatter of rotary embeddings that once ran
 # torch-mlir out of memory (passes/clamp_slice_bounds.py). Mixtral's experts
 # differentiate through transformers' grouped-matmul custom op and its backward
-# op (passes/grouped_matmul.py).
+# op (decompositions/grouped_matmul.py).
 TRAIN: dict[str, tuple[frozenset[str], int]] = {
     "gpt2": (frozenset(), 1),
     "bert": (frozenset(), 1),

@@ -1,4 +1,4 @@
-"""Convolutions run on PyTorch's kernel where it measured faster (passes/kernel_choice.py).
+"""Convolutions run on PyTorch's kernel where it measured faster (placement/kernel_choice.py).
 
 Timings are injected (``KernelChooser._measure``) so each partition here is
 decided, not measured: a test must not depend on this machine's speed. Values
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tpu_inductor.report as report
-from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.placement.kernel_choice import KernelChooser
 from tpu_inductor.process_state import STATE
 
 

@@ -17,26 +17,26 @@ import pytest
 import torch
 
 import tpu_inductor.report as report
-from tpu_inductor.lowering.culprits import find_culprits
-from tpu_inductor.lowering.support import SupportTable
-from tpu_inductor.passes.partition import Island
+from tpu_inductor.placement.culprits import find_culprits
+from tpu_inductor.placement.support import SupportTable
+from tpu_inductor.placement.partition import Island
 
 
 def odd_pool(x):
     # torch-mlir 20261001 cannot legalize avg_pool2d with divisor_override
-    # (passes/avg_pool_counts.py decomposes it; these tests take that away).
+    # (decompositions/avg_pool_counts.py decomposes it; these tests take that away).
     return torch.nn.functional.avg_pool2d(x, 2, divisor_override=3)
 
 
 WITHOUT_POOL_DECOMPOSITIONS = (
-    "from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS; AVG_POOL_DECOMPOSITIONS.clear()"
+    "from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS; AVG_POOL_DECOMPOSITIONS.clear()"
 )
 
 
 @pytest.fixture(autouse=True)
 def without_pool_decompositions(monkeypatch):
     """A call torch-mlir really fails on, with arguments other calls of its op lack."""
-    from tpu_inductor.passes import avg_pool_counts, decompositions
+    from tpu_inductor.decompositions import avg_pool_counts, table as decompositions
 
     saved = dict(avg_pool_counts.AVG_POOL_DECOMPOSITIONS)
     avg_pool_counts.AVG_POOL_DECOMPOSITIONS.clear()

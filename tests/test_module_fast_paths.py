@@ -1,5 +1,5 @@
 """nn.TransformerEncoderLayer / nn.MultiheadAttention fast paths on the device
-(passes/module_fast_paths.py).
+(decompositions/module_fast_paths.py).
 
 In eval mode under no_grad both modules call one fused kernel
 (``aten._transformer_encoder_layer_fwd``, ``aten._native_multi_head_attention``)

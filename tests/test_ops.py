@@ -193,9 +193,9 @@ FLOAT32_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
-    # cumulative extremes are masked prefix reductions (passes/decompositions.py).
+    # cumulative extremes are masked prefix reductions (decompositions/table.py).
     'cummax', 'cummin',
-    # triangular solves unroll into substitution steps (passes/decompositions.py).
+    # triangular solves unroll into substitution steps (decompositions/table.py).
     'linalg.solve_triangular',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
     '__rsub__', '_chunk_cat', '_native_batch_norm_legit', '_softmax_backward_data',
@@ -287,9 +287,9 @@ INT64_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
-    # cumulative extremes are masked prefix reductions (passes/decompositions.py).
+    # cumulative extremes are masked prefix reductions (decompositions/table.py).
     'cummax', 'cummin',
-    # integer reciprocal is computed in the default float (passes/decompositions.py).
+    # integer reciprocal is computed in the default float (decompositions/table.py).
     'reciprocal', '__rdiv__',
     'H', 'T', '__getitem__', '__radd__', '__rand__', '__rmatmul__', '__rmul__', '__ror__',
     '__rpow__', '__rsub__', '__rxor__', '_chunk_cat', '_unsafe_masked_index',
@@ -348,7 +348,7 @@ BFLOAT16_OPS = (
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
     'unfold', 'unfold_copy',
-    # cumulative extremes are masked prefix reductions (passes/decompositions.py).
+    # cumulative extremes are masked prefix reductions (decompositions/table.py).
     'cummax', 'cummin',
     'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rpow__',
     '__rsub__', '_chunk_cat', '_native_batch_norm_legit', '_softmax_backward_data',
@@ -642,7 +642,7 @@ FIXED_ON_DEVICE = {
     "remainder_negative": (lambda x: x % 3.0, (torch.tensor([-7.0, 7.0, -36.0, 5.0]),)),
     "remainder_int_by_float": (lambda x: x % -2.5, (torch.tensor([-7, 7, -36, 5]),)),
     "sign_of_constant": (lambda x: x * torch.scalar_tensor(3.0).sign(), (torch.tensor([-7.0, 7.0]),)),
-    # torch-mlir ignored avg_pool3d's override (divided by the window); passes/avg_pool_counts.py
+    # torch-mlir ignored avg_pool3d's override (divided by the window); decompositions/avg_pool_counts.py
     "avg_pool3d_divisor_override": (
         lambda x: torch.nn.functional.avg_pool3d(x, 2, stride=1, padding=1, divisor_override=2),
         (torch.linspace(-3, 3, 64).reshape(1, 1, 4, 4, 4),),
@@ -651,7 +651,7 @@ FIXED_ON_DEVICE = {
         lambda x: torch.where(torch.scalar_tensor(0.5) > 0, x, -x),
         (torch.tensor([-7.0, 7.0]),),
     ),
-    # torch-mlir's log(cumsum(exp(x))) overflowed to inf; passes/missing_lowerings.py scans stably.
+    # torch-mlir's log(cumsum(exp(x))) overflowed to inf; decompositions/missing_lowerings.py scans stably.
     "logcumsumexp_large": (lambda x: torch.logcumsumexp(x, 0), (torch.tensor([100.0, 50.0]),)),
 }
 

@@ -22,7 +22,7 @@ import torch
 
 import tpu_inductor
 import tpu_inductor.report as report
-from tpu_inductor.lowering import support
+from tpu_inductor.placement import support
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import files, serialize
 

@@ -15,7 +15,7 @@ import tpu_inductor.compiled_graph as compiled_graph
 import tpu_inductor.report as report
 import tpu_inductor.runtime.threads as threads
 from tpu_inductor.config import Config
-from tpu_inductor.passes.kernel_choice import KernelChooser
+from tpu_inductor.placement.kernel_choice import KernelChooser
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import platform
 from tpu_inductor.runtime.platform import get_platform

@@ -1,7 +1,7 @@
 """topk over tied values: eager's CPU kernel decides the order, so it runs there.
 
 PyTorch's CPU ``topk`` breaks ties however libstdc++'s ``partial_sort`` or
-``nth_element`` leaves them (``passes/tie_sensitive_ops.py``), and zero- or
+``nth_element`` leaves them (``analysis/tie_sensitive_ops.py``), and zero- or
 constant-initialised weights tie everything: ``afmoe``'s router (every expert
 scores 0.5) and the RT-DETR family's query selection (``d_fine``, ``deimv2``,
 ``pp_doclayout_v3``: all encoder scores equal ``-log 2``) picked other experts
@@ -19,7 +19,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
-from tpu_inductor.passes.tie_sensitive_ops import keep_unsorted_topk, tie_order_reason
+from tpu_inductor.analysis.tie_sensitive_ops import keep_unsorted_topk, tie_order_reason
 
 aten = torch.ops.aten
 

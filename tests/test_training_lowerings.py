@@ -1,6 +1,6 @@
 """Training-step ops torch-mlir rejects, decomposed so they lower:
-grouped (depthwise) convolution backwards (passes/convolution_backward.py)
-and average-pooling backwards (passes/pooling_backward.py).
+grouped (depthwise) convolution backwards (decompositions/convolution_backward.py)
+and average-pooling backwards (decompositions/pooling_backward.py).
 
 Gradients are compared with eager at the float32 defaults, except where a
 test says otherwise: each sums at most a few hundred products, in another

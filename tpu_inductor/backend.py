@@ -24,8 +24,8 @@ from tpu_inductor.config import Config, check_mode
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason
 from tpu_inductor.errors import TpuInductorError
 from tpu_inductor.lowering.pipelines import start_worker
-from tpu_inductor.passes.decompositions import decomposition_table
-from tpu_inductor.passes.in_place_updates import in_place_update_reason
+from tpu_inductor.decompositions.table import decomposition_table
+from tpu_inductor.analysis.in_place_updates import in_place_update_reason
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import cache_artifacts  # noqa: F401  (registers our entries with PyTorch's cache bundle)
@@ -70,7 +70,7 @@ def tpu_backend(
         inference_compiler=compiler("inference"),
         partition_fn=min_cut_rematerialization_partition,
         # Inference keeps attention whole: for the padding analysis of dynamic
-        # shapes (passes/padding_safety.py), and because passes/attention.py
+        # shapes (analysis/padding_safety.py), and because passes/attention.py
         # builds it from ATen ops faster than AOTAutograd traces PyTorch's
         # decomposition of it.
         decompositions=decomposition_table(keep_attention=not needs_grad),
@@ -92,7 +92,7 @@ def _run_in_place(
     trace: report.TraceRecord,
     release_eager_workers: bool,
 ) -> Callable[..., Any]:
-    """Run an in-place update graph as Dynamo traced it (passes/in_place_updates.py).
+    """Run an in-place update graph as Dynamo traced it (analysis/in_place_updates.py).
 
     ``release_eager_workers``: stop OpenMP's workers after it, so that the
     islands of the next step (forward, backward) get every core

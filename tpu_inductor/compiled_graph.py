@@ -26,11 +26,11 @@ from tpu_inductor.dynamic import has_symbolic_inputs
 from tpu_inductor.errors import OutputMismatchError
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
-from tpu_inductor.lowering.support import SupportTable
+from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
-from tpu_inductor.passes.frozen_parameters import parameter_only_nodes
-from tpu_inductor.passes.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
-from tpu_inductor.passes.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
+from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
+from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
+from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
@@ -166,7 +166,7 @@ class DeviceIsland:
 
 class ReusedResults:
     """A frozen island's results, kept while its inputs are the same tensors,
-    unchanged (``freeze_parameters``; passes/frozen_parameters.py).
+    unchanged (``freeze_parameters``; analysis/frozen_parameters.py).
 
     A tensor is the same while it is the same object (held weakly) with the
     same data pointer and version counter: in-place writes bump the counter,

@@ -10,7 +10,7 @@ loop, so a fix or a feature landed on one path only. Here:
 * :func:`lower_with_retries` is the one loop that partitions, builds every
   island (a static executable, or a symbolic module compiled per bucket:
   the caller's ``build``), and, when torch-mlir or XLA rejects one, proves
-  which op broke it (lowering/culprits.py), re-partitions and tries again.
+  which op broke it (placement/culprits.py), re-partitions and tries again.
 
 ``compiled_graph.build_compiled_graph`` and ``dynamic.graph.DynamicShapeGraph``
 differ only in what they build per island and what they do per call.
@@ -29,18 +29,18 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError, describe_node
-from tpu_inductor.lowering.culprits import find_culprits, recheck_learned
-from tpu_inductor.lowering.support import GraphSupport, SupportTable
+from tpu_inductor.placement.culprits import find_culprits, recheck_learned
+from tpu_inductor.placement.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.depthwise_convolutions_as_taps import depthwise_convolutions_as_taps
 from tpu_inductor.passes.device_random import device_random
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padded_positions import padded_positions
-from tpu_inductor.passes.padding_safety import PaddingAnalysis, padding_safety
-from tpu_inductor.passes.partition import Island, PartitionPlan, propose_islands
+from tpu_inductor.analysis.padding_safety import PaddingAnalysis, padding_safety
+from tpu_inductor.placement.partition import Island, PartitionPlan, propose_islands
 from tpu_inductor.passes.pointwise_convolutions_as_matmuls import pointwise_convolutions_as_matmuls
-from tpu_inductor.passes.real_lengths import RealLengths
+from tpu_inductor.analysis.real_lengths import RealLengths
 from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
 from tpu_inductor.reporting import hooks
 

@@ -23,7 +23,7 @@ class ProcessState:
     support_tables: dict[Any, Any] = dataclasses.field(default_factory=dict)
     """Cache directory -> the support table learned there (compiled_graph.py)."""
     kernel_choosers: dict[Any, Any] = dataclasses.field(default_factory=dict)
-    """(platform, device kind, cache directory) -> its kernel chooser (passes/kernel_choice.py)."""
+    """(platform, device kind, cache directory) -> its kernel chooser (placement/kernel_choice.py)."""
     traced_indexes: dict[Any, Any] = dataclasses.field(default_factory=dict)
     """Cache directory -> what each Dynamo graph was traced with (aot_cache.py)."""
     executables: dict[str, Any] = dataclasses.field(default_factory=dict)

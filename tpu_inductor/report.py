@@ -94,7 +94,7 @@ class GraphRecord:
     fallbacks: list[FallbackRecord] = dataclasses.field(default_factory=list)
     eager_kernels: list[FallbackRecord] = dataclasses.field(default_factory=list)
     """Nodes that lower but run on PyTorch's kernel because it measured faster
-    (passes/kernel_choice.py); a choice, not a fallback."""
+    (placement/kernel_choice.py); a choice, not a fallback."""
     lowering_retries: int = 0
     trace_index: Optional[int] = None
     """The :class:`TraceRecord` (Dynamo graph) this ATen graph came from."""

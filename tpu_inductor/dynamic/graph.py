@@ -6,7 +6,7 @@ traced symbolically is:
 
 1. run through the pipeline's stages (:mod:`~tpu_inductor.pipeline`), which
    for a symbolic graph include the analysis of which symbols may be padded
-   (:mod:`~tpu_inductor.passes.padding_safety`);
+   (:mod:`~tpu_inductor.analysis.padding_safety`);
 2. partitioned and lowered to StableHLO once, with dynamic dims
    (:mod:`~tpu_inductor.lowering.symbolic`), by the pipeline's one
    lower-and-retry loop;
@@ -41,10 +41,10 @@ from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.cache import lower_symbolic_cached
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
-from tpu_inductor.passes.padding_safety import PaddingAnalysis
-from tpu_inductor.passes.real_lengths import real_values
+from tpu_inductor.analysis.padding_safety import PaddingAnalysis
+from tpu_inductor.analysis.real_lengths import real_values
 from tpu_inductor.passes.rewrite import runnable_copy
-from tpu_inductor.passes.partition import Island, fuse_islands, settle_eager
+from tpu_inductor.placement.partition import Island, fuse_islands, settle_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
 if TYPE_CHECKING:

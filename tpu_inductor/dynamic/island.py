@@ -25,7 +25,7 @@ from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import LoweringError, OutputMismatchError
 from tpu_inductor.lowering.refine import refine_to_static
 from tpu_inductor.lowering.symbolic import SymbolicModule
-from tpu_inductor.passes.padding_safety import expr_of
+from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
 from tpu_inductor.runtime.executable import TensorSpec

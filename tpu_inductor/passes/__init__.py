@@ -16,7 +16,6 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 from tpu_inductor.passes.as_strided_as_gather import as_strided_as_gather
 from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
-from tpu_inductor.passes.decompositions import decomposition_table
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
 from tpu_inductor.passes.pad_into_convolution import pad_into_convolution
@@ -48,4 +47,4 @@ def run_passes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-__all__ = ["PIPELINE", "decomposition_table", "run_passes"]
+__all__ = ["PIPELINE", "run_passes"]

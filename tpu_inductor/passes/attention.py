@@ -2,7 +2,7 @@
 
 Why: inference graphs are traced with the CPU attention op
 (``_scaled_dot_product_flash_attention_for_cpu``) left whole, for two reasons.
-With dynamic shapes, :mod:`~tpu_inductor.passes.padding_safety` can then see
+With dynamic shapes, :mod:`~tpu_inductor.analysis.padding_safety` can then see
 ``is_causal`` instead of a softmax over the key dim, which would look unsafe.
 And building the attention here is cheaper than AOTAutograd tracing PyTorch's
 decomposition of it through fake tensors (the perf.py decoder's capture went
@@ -19,7 +19,7 @@ op itself, so this pass replaces it with plain ATen ops:
   not): attention that hides every key at or past the real length, on top
   of the model's own mask, and zeroes the value rows there; it reads the
   real length from an extra 0-d int64 input ``valid_<size>``
-  (passes/real_lengths.py). A real query never weighs a padded key (its
+  (analysis/real_lengths.py). A real query never weighs a padded key (its
   probability is exactly 0), and with the value rows zeroed, ``0 *
   garbage`` cannot turn into NaN either, whatever the padded positions
   hold; one executable serves every length in the bucket. This is what
@@ -48,14 +48,14 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.causal_masks import causal_masks_as_is_causal
-from tpu_inductor.passes.decompositions import (
+from tpu_inductor.decompositions.table import (
     ATTENTION_OPS,
     CPU_FLASH_ATTENTION,
     decomposition_table,
     flash_attention_flags,
 )
-from tpu_inductor.passes.padding_safety import expr_of
-from tpu_inductor.passes.real_lengths import RealLengths
+from tpu_inductor.analysis.padding_safety import expr_of
+from tpu_inductor.analysis.real_lengths import RealLengths
 from tpu_inductor.passes.repeated_kv_heads import read_kv_heads_in_place
 from tpu_inductor.passes.rewrite import GraphBuilder, inline_replacement, trace_replacement
 

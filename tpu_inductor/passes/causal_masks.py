@@ -33,7 +33,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
+from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION, flash_attention_flags
 
 aten = torch.ops.aten
 

@@ -1,6 +1,6 @@
 """Run eager 2-D convolutions channels-last, and keep their neighbours in that layout.
 
-Why: a convolution chosen for PyTorch's kernel (passes/kernel_choice.py) runs
+Why: a convolution chosen for PyTorch's kernel (placement/kernel_choice.py) runs
 on oneDNN, which reorders an NCHW input to its NHWC form on every call, into
 a buffer it allocates per call. On the CNN of ``benchmarks/perf.py`` (one
 thread) the NHWC kernels were faster by themselves (stem 0.42 -> 0.34 ms,

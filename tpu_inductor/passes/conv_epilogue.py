@@ -1,6 +1,6 @@
 """Fold what follows an eager convolution into oneDNN's fused convolution.
 
-Why: a convolution that runs on PyTorch's kernel (passes/kernel_choice.py,
+Why: a convolution that runs on PyTorch's kernel (placement/kernel_choice.py,
 channels-last by passes/channels_last.py) is followed in a CNN by
 BatchNorm's affine, a ReLU, often a residual add. Left in an island, each of
 those reads and writes the whole activation between two eager convolutions:
@@ -16,7 +16,7 @@ exposes. So:
   BatchNorm after decomposition) becomes ``conv(x, W * s) + t``: the folded
   weight is computed in the parameter island on every call, so a weight or
   running-stat update is always seen (``freeze_parameters`` keeps it while
-  they are unchanged, passes/frozen_parameters.py);
+  they are unchanged, analysis/frozen_parameters.py);
 - a following ``+ other`` of the output's shape is the binary post-op;
 - a following ``relu`` or ``hardtanh`` (ReLU6) is the eltwise post-op.
 

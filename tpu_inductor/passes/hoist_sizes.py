@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
-from tpu_inductor.passes.padding_safety import expr_of
+from tpu_inductor.analysis.padding_safety import expr_of
 
 aten = torch.ops.aten
 

@@ -3,7 +3,7 @@
 Why: models ported from TensorFlow pad explicitly for "SAME" padding
 (transformers' MobileNet, EfficientNet and friends call ``F.pad`` before
 every convolution with ``tf_padding``). A convolution that runs on oneDNN
-(passes/kernel_choice.py) then waits for an island that only pads: on
+(placement/kernel_choice.py) then waits for an island that only pads: on
 MobileNetV2 at batch 1, 21 of its 37 islands did little besides. Where the pad
 is symmetric, the convolution pads the same zeros itself:
 

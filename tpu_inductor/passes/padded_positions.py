@@ -8,8 +8,8 @@ lands after the padding, not at the real length), the logits are taken at
 ``keys[:, :, -w + 1:]``, and positions are counted from the cache length
 (``arange(past, past + n)``). Each such op is rewritten here to address the
 real end, read at run time from a ``valid_<size>`` input
-(passes/real_lengths.py), so that the padding analysis
-(passes/padding_safety.py), which accepts exactly these ops
+(analysis/real_lengths.py), so that the padding analysis
+(analysis/padding_safety.py), which accepts exactly these ops
 (:func:`realigned_read`, :func:`concatenation_parts`, :func:`counted_from`,
 :func:`real_valued_arguments`),
 may pad the dim:
@@ -51,8 +51,8 @@ import sympy
 import torch
 import torch.fx
 
-from tpu_inductor.passes.padding_safety import _arg, _norm, expr_of
-from tpu_inductor.passes.real_lengths import RealLengths
+from tpu_inductor.analysis.padding_safety import _arg, _norm, expr_of
+from tpu_inductor.analysis.real_lengths import RealLengths
 from tpu_inductor.passes.rewrite import GraphBuilder, inline_replacement, trace_replacement
 
 aten = torch.ops.aten

@@ -13,7 +13,7 @@ cores, default threads, input [N, Cin, H, W] -> Cout:
 
 MobileNet's expand and project convolutions are 1x1; with the depthwise
 ones as taps (depthwise_convolutions_as_taps.py) only its stem is left
-for kernel choice (passes/kernel_choice.py) to time against oneDNN, and
+for kernel choice (placement/kernel_choice.py) to time against oneDNN, and
 the blocks are one island. The matmul is a float32 dot, which XLA does as
 well as oneDNN. Tried and not kept: stems and strided 1x1 convolutions as
 a matmul over their patches (windows of up to 32 values): MobileNet's

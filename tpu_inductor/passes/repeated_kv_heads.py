@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION
+from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION
 
 aten = torch.ops.aten
 

@@ -61,7 +61,7 @@ def trace_replacement(fn: Callable, fake_args: Sequence[Any]) -> torch.fx.GraphM
     through the same rewrites as the graph it is spliced into (it is traced
     after them)."""
     from tpu_inductor.passes import run_passes
-    from tpu_inductor.passes.decompositions import decomposition_table
+    from tpu_inductor.decompositions.table import decomposition_table
 
     fake_mode = next(a.fake_mode for a in fake_args if hasattr(a, "fake_mode"))
     with fake_mode:

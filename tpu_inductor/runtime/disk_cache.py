@@ -192,9 +192,9 @@ _unwritable_lock = threading.Lock()
 
 
 LEARNED_UNSUPPORTED = "learned_unsupported-{digest}.json"
-"""Ops that failed to lower alone (lowering/support.py), one file per versions digest."""
+"""Ops that failed to lower alone (placement/support.py), one file per versions digest."""
 KERNEL_TIMINGS = "kernel_timings-{device_kind}-{digest}.json"
-"""Eager vs XLA timings per op signature (passes/kernel_choice.py)."""
+"""Eager vs XLA timings per op signature (placement/kernel_choice.py)."""
 TRACED_INDEX = "traced_graphs.json"
 """What each Dynamo graph was traced with (inputs, versions), to name why a
 lookup in the traced level missed (aot_cache.py)."""

@@ -50,7 +50,7 @@ def component_versions() -> dict[str, str]:
 # leaving it (and the passes, partitioner, report...) out keeps edits there
 # from turning every developer's cache cold.
 _KEYED_SOURCE = ("lowering/*.py", "runtime/executable.py", "runtime/platform.py", "runtime/disk_cache.py")
-_UNKEYED_SOURCE = ("lowering/support.py",)
+_UNKEYED_SOURCE = ("placement/support.py",)
 
 
 @functools.cache

@@ -14,19 +14,19 @@ from typing import Callable
 
 import torch
 
-from tpu_inductor.passes.adaptive_pools import ADAPTIVE_POOL_DECOMPOSITIONS
-from tpu_inductor.passes.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
-from tpu_inductor.passes.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
-from tpu_inductor.passes.exact_values import EXACT_VALUE_DECOMPOSITIONS
-from tpu_inductor.passes.grouped_matmul import grouped_matmul_decompositions
+from tpu_inductor.decompositions.adaptive_pools import ADAPTIVE_POOL_DECOMPOSITIONS
+from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
+from tpu_inductor.decompositions.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
+from tpu_inductor.decompositions.exact_values import EXACT_VALUE_DECOMPOSITIONS
+from tpu_inductor.decompositions.grouped_matmul import grouped_matmul_decompositions
 from tpu_inductor.passes.mask_index_put_as_where import MASK_INDEX_PUT_DECOMPOSITIONS
-from tpu_inductor.passes.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
-from tpu_inductor.passes.module_fast_paths import FAST_PATH_DECOMPOSITIONS
-from tpu_inductor.passes.nan_extremes import NAN_EXTREME_DECOMPOSITIONS
-from tpu_inductor.passes.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
-from tpu_inductor.passes.quantize_decompositions import quantize_decompositions
-from tpu_inductor.passes.tie_sensitive_ops import keep_unsorted_topk
-from tpu_inductor.passes.variance import VARIANCE_DECOMPOSITIONS
+from tpu_inductor.decompositions.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
+from tpu_inductor.decompositions.module_fast_paths import FAST_PATH_DECOMPOSITIONS
+from tpu_inductor.decompositions.nan_extremes import NAN_EXTREME_DECOMPOSITIONS
+from tpu_inductor.decompositions.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
+from tpu_inductor.decompositions.quantize_decompositions import quantize_decompositions
+from tpu_inductor.analysis.tie_sensitive_ops import keep_unsorted_topk
+from tpu_inductor.decompositions.variance import VARIANCE_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
@@ -324,7 +324,7 @@ _OURS: dict = {
 
 
 # Attention ops inference graphs keep whole through tracing, so the padding
-# analysis of dynamic shapes sees ``is_causal`` (passes/padding_safety.py) and
+# analysis of dynamic shapes sees ``is_causal`` (analysis/padding_safety.py) and
 # passes/attention.py builds them from ATen ops, faster than tracing them.
 CPU_FLASH_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
 """``(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)``;

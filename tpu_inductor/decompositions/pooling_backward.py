@@ -16,8 +16,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from tpu_inductor.passes.convolution_backward import output_gradient_windows, pad_spatial, tap_slice
-from tpu_inductor.passes.window_arguments import per_dim
+from tpu_inductor.decompositions.convolution_backward import output_gradient_windows, pad_spatial, tap_slice
+from tpu_inductor.decompositions.window_arguments import per_dim
 
 aten = torch.ops.aten
 

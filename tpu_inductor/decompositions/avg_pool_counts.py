@@ -35,8 +35,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from tpu_inductor.passes.convolution_backward import pad_spatial
-from tpu_inductor.passes.window_arguments import per_dim, pooled_size
+from tpu_inductor.decompositions.convolution_backward import pad_spatial
+from tpu_inductor.decompositions.window_arguments import per_dim, pooled_size
 
 aten = torch.ops.aten
 

@@ -37,7 +37,7 @@ from typing import Collection
 import torch
 import torch.fx
 
-from tpu_inductor.passes.partition import is_compute
+from tpu_inductor.placement.partition import is_compute
 
 
 def parameter_only_nodes(

@@ -49,7 +49,7 @@ from tpu_inductor.passes.channels_last import (
     runs_channels_last,
 )
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
-from tpu_inductor.passes.partition import TRANSPOSE_OPS, is_compute
+from tpu_inductor.placement.partition import TRANSPOSE_OPS, is_compute
 from tpu_inductor.runtime.disk_cache import KERNEL_TIMINGS
 from tpu_inductor.runtime.persisted_dict import PersistedDict
 from tpu_inductor.runtime.executable import versions_digest

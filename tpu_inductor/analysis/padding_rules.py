@@ -1,11 +1,11 @@
-"""The per-op rules of the padding analysis (passes/padding_safety.py).
+"""The per-op rules of the padding analysis (analysis/padding_safety.py).
 
 Why its own module: the analysis walks the graph and tracks each tensor's
 dims as factors; what each op does to those factors, and which symbols it
 makes unsafe to pad, is this list of rules, tried in order until one
 claims the node (:data:`RULES`). An op no rule claims is never assumed
 safe. The rules of ops that address positions (slices, cat, gathers,
-scatters, attention) are in passes/padding_rules_positions.py.
+scatters, attention) are in analysis/padding_rules_positions.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.padded_positions import counted_from
-from tpu_inductor.passes.padding_rules_positions import (
+from tpu_inductor.analysis.padding_rules_positions import (
     _rule_attention,
     _rule_cat,
     _rule_index,
@@ -26,7 +26,7 @@ from tpu_inductor.passes.padding_rules_positions import (
     _rule_slice,
     _rule_split,
 )
-from tpu_inductor.passes.padding_safety import (
+from tpu_inductor.analysis.padding_safety import (
     _ONE,
     Dim,
     Layout,

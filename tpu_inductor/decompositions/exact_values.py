@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from tpu_inductor.passes.window_arguments import per_dim, pooled_size
+from tpu_inductor.decompositions.window_arguments import per_dim, pooled_size
 
 aten = torch.ops.aten
 

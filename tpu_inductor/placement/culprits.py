@@ -25,8 +25,8 @@ from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from tpu_inductor.lowering.pipelines import IslandLoweringError
 from tpu_inductor.lowering.stablehlo import failure_reason
-from tpu_inductor.lowering.support import SupportTable, op_key
-from tpu_inductor.passes.partition import Island
+from tpu_inductor.placement.support import SupportTable, op_key
+from tpu_inductor.placement.partition import Island
 
 Lowers = Callable[[Island], object]
 """Lowers and compiles an island; raises on failure."""

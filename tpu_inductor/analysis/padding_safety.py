@@ -47,8 +47,8 @@ import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import user_source_line
-from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION
-from tpu_inductor.passes.real_lengths import is_extent
+from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION
+from tpu_inductor.analysis.real_lengths import is_extent
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -318,7 +318,7 @@ class _Analyzer:
         if target is aten.copy.default:
             self._pointwise(node)
             return ()
-        from tpu_inductor.passes.padding_rules import RULES  # they read this module
+        from tpu_inductor.analysis.padding_rules import RULES  # they read this module
 
         for rule in RULES:
             handled = rule(self, node, target)

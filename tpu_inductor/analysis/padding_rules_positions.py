@@ -5,8 +5,8 @@ Why its own module: these are the rules that decide whether a dim padded at
 its end still has its real positions where the graph reads them; several
 accept an op only because passes/padded_positions.py rewrites it to address
 the real end (the predicates they share are imported from there). The
-layout rules (views, reductions, matmuls...) are in passes/padding_rules.py,
-which lists both in :data:`~tpu_inductor.passes.padding_rules.RULES`.
+layout rules (views, reductions, matmuls...) are in analysis/padding_rules.py,
+which lists both in :data:`~tpu_inductor.analysis.padding_rules.RULES`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import sympy
 import torch
 import torch.fx
 
-from tpu_inductor.passes.decompositions import CPU_FLASH_ATTENTION, flash_attention_flags
+from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION, flash_attention_flags
 from tpu_inductor.passes.padded_positions import concatenation_parts, index_put_rows, realigned_read
-from tpu_inductor.passes.padding_safety import (
+from tpu_inductor.analysis.padding_safety import (
     _ONE,
     Layout,
     _Analyzer,

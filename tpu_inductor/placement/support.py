@@ -30,8 +30,8 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
-from tpu_inductor.passes.decompositions import ATTENTION_OPS
-from tpu_inductor.passes.tie_sensitive_ops import tie_order_reason
+from tpu_inductor.decompositions.table import ATTENTION_OPS
+from tpu_inductor.analysis.tie_sensitive_ops import tie_order_reason
 
 
 aten = torch.ops.aten
@@ -280,7 +280,7 @@ def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
     if key in ("aten.avg_pool2d", "aten.avg_pool3d") and _argument(node, "ceil_mode") is True:
         spatial = first_value.shape[-3 if key == "aten.avg_pool3d" else -2 :] if isinstance(first_value, torch.Tensor) else ()
         if any(isinstance(size, torch.SymInt) for size in spatial):
-            # Static ones are decomposed (passes/avg_pool_counts.py); with dynamic
+            # Static ones are decomposed (decompositions/avg_pool_counts.py); with dynamic
             # sizes torch-mlir's executable returned one window fewer per dim.
             return "torch-mlir sizes ceil_mode windows wrongly when the pooled sizes are dynamic"
     return None
@@ -441,7 +441,7 @@ class GraphSupport:
     dynamic shapes) is never written to the shared table. On the CPU client
     eager's kernel is the reference and costs no copy, so a ``topk`` whose
     result depends on how that kernel orders ties runs on it
-    (passes/tie_sensitive_ops.py); elsewhere it lowers, and ties come in
+    (analysis/tie_sensitive_ops.py); elsewhere it lowers, and ties come in
     XLA's order (lowest index first).
     """
 

@@ -6,7 +6,7 @@ data dependencies allow: one per eager depth (how many times a path to a
 node leaves the device for eager), independent nodes on both sides of an
 eager node merged.
 This is the only place that decides lowered vs eager; the decision per node
-comes from :class:`~tpu_inductor.lowering.SupportTable`.
+comes from :class:`~tpu_inductor.placement.support.SupportTable`.
 
 Before::
 
@@ -33,7 +33,7 @@ from torch.fx.passes.infra.partitioner import Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
 
-from tpu_inductor.lowering.support import SupportTable
+from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
 from tpu_inductor.passes.eager_views_as_reshape import eager_views_as_reshape
 
@@ -128,7 +128,7 @@ class Island:
     owner: torch.fx.GraphModule
     """The graph the nodes belong to (to cut smaller pieces out of it)."""
     frozen: bool = False
-    """Computes only from parameters (passes/frozen_parameters.py): its
+    """Computes only from parameters (analysis/frozen_parameters.py): its
     results may be kept between calls."""
     executable: Any = None
     """Set once the island is compiled."""
@@ -161,9 +161,9 @@ def propose_islands(
 ) -> PartitionPlan:
     """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched.
 
-    ``chosen`` (passes/kernel_choice.py) are nodes kept in eager, with why,
+    ``chosen`` (placement/kernel_choice.py) are nodes kept in eager, with why,
     because PyTorch's kernel is measurably faster. ``frozen`` nodes
-    (passes/frozen_parameters.py) get islands of their own."""
+    (analysis/frozen_parameters.py) get islands of their own."""
     chosen = chosen or {}
     support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
     # A frozen island runs once, so even a lone transpose in it is worth its call.
