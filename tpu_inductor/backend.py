@@ -27,6 +27,7 @@ from tpu_inductor.lowering.pipelines import start_worker
 from tpu_inductor.decompositions.table import decomposition_table
 from tpu_inductor.analysis.in_place_updates import in_place_update_reason
 from tpu_inductor.passes.rewrite import runnable_copy
+from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import cache_artifacts  # noqa: F401  (registers our entries with PyTorch's cache bundle)
 from tpu_inductor.runtime import threads
@@ -103,7 +104,7 @@ def _run_in_place(
             num_nodes=len(gm.graph.nodes),
             input_shapes=[tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)],
         )
-    record.eager_kernels.append(report.FallbackRecord("in-place update graph", reason, None))
+    record_eager(record, "in-place update graph", Decision("in-place update graph", reason))
 
     def run(*args: Any) -> Any:
         record.executions += 1

@@ -30,7 +30,8 @@ from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
-from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands, settle_eager
+from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands
+from tpu_inductor.placement.placement import Decision, place, record_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
@@ -142,7 +143,7 @@ class DeviceIsland:
         construction, and say why in the report."""
         log.warning("tpu_inductor: %s: %s; island runs eagerly", self.executable.name, reason)
         if self.graph_record is not None:
-            self.graph_record.fallbacks.append(report.FallbackRecord(self.executable.name, reason, None))
+            record_eager(self.graph_record, self.executable.name, Decision("result mismatch", reason))
         self._run_eagerly = True
 
     def _check_inputs(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -252,7 +253,7 @@ def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:
 def eager_graph(gm: torch.fx.GraphModule, kind: str, reason: str) -> "_BoxedGraph":
     """``gm`` run by PyTorch as it is, recorded as one fallback with ``reason``."""
     record = _graph_record(gm, kind)
-    record.fallbacks.append(report.FallbackRecord("whole graph", reason, None))
+    record_eager(record, "whole graph", Decision("whole graph", reason))
     gm.meta[_RECORD_KEY] = record
     return _BoxedGraph(gm)
 
@@ -276,10 +277,10 @@ def build_compiled_graph(
     record = _graph_record(gm, kind)
     probe = functools.partial(_probe_lowers, context=context)
     support = graph_support(gm, context, probe)
-    chosen = choose_eager_kernels(gm, context.kernels, lambda n: support.unsupported_reason(n) is None)
+    chosen = choose_eager_kernels(gm, context.kernels, support.lowers)
     placeholders = gm.graph.find_nodes(op="placeholder")
     frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()
-    plan: Optional[PartitionPlan] = propose_islands(gm, support, chosen, frozen)
+    plan: Optional[PartitionPlan] = propose_islands(gm, place(gm, support, chosen, frozen))
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:
         chosen.update(small)
@@ -294,7 +295,6 @@ def build_compiled_graph(
         gm, support, record, context, build, probe, learn_for_later=True, chosen=chosen, frozen=frozen, plan=plan
     )
     record.islands = [island_records[island.name] for island in plan.islands]
-    settle_eager(plan, context.config.strict, record)
     devices = {}
     for island in plan.islands:
         island_record = island_records[island.name]

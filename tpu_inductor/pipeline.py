@@ -39,6 +39,7 @@ from tpu_inductor.passes.hoist_sizes import hoist_sizes
 from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.placement.partition import Island, PartitionPlan, propose_islands
+from tpu_inductor.placement.placement import place, settle
 from tpu_inductor.passes.pointwise_convolutions_as_matmuls import pointwise_convolutions_as_matmuls
 from tpu_inductor.analysis.real_lengths import RealLengths
 from tpu_inductor.passes.small_convolutions_as_matmuls import small_convolutions_as_matmuls
@@ -208,9 +209,9 @@ def run_stages(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphMod
 
 
 def graph_support(gm: torch.fx.GraphModule, context: Any, probe: "Probe") -> GraphSupport:
-    """The placement rules for ``gm``: the shared table, after re-probing (one
-    op at a time) the failures another process learned for calls in ``gm``,
-    plus what this graph will keep off the device by itself."""
+    """The support table placement reads for ``gm``: the shared table, after
+    re-probing (one op at a time) the failures another process learned for
+    calls in ``gm``, plus what this graph will keep off the device by itself."""
     recheck_learned(gm, context.support, probe)
     return GraphSupport(context.support, context.platform.name)
 
@@ -234,16 +235,20 @@ def lower_with_retries(
     frozen: Collection[torch.fx.Node] = frozenset(),
     plan: Optional[PartitionPlan] = None,
 ) -> tuple[PartitionPlan, dict[str, Any]]:
-    """Partition ``gm``, build every island; on a failure, learn and retry.
+    """Place and partition ``gm``, build every island; on a failure, learn and
+    retry; then settle the placement (record what runs eagerly, or refuse it
+    under ``strict``).
 
     An op proven to fail alone is learned in the shared table when
     ``learn_for_later`` (for every later graph and process), else for this
     graph only; a run that fails only together is always this graph's.
     Each failed attempt moves at least one node to eager, so this ends.
-    ``plan``: the first proposal, when the caller has made it already.
+    ``chosen``: nodes kernel choice keeps on PyTorch's kernel; ``frozen``:
+    parameter-only nodes (placement/placement.py). ``plan``: the first
+    proposal, when the caller has made it already.
     """
     if plan is None:
-        plan = propose_islands(gm, support, chosen, frozen)
+        plan = propose_islands(gm, place(gm, support, chosen, frozen))
     for _ in range(len(gm.graph.nodes) + 1):
         built: dict[str, Any] = {}
         failure: Optional[tuple[Island, Exception]] = None
@@ -254,11 +259,12 @@ def lower_with_retries(
                 failure = (island, exc)
                 break
         if failure is None:
+            settle(plan.placement, plan.in_islands, context.config.strict, record)
             return plan, built
         record.lowering_retries += 1
         hooks.on_island_failed(*failure, context, record)
         _learn(*failure, support, probe, learn_for_later)
-        plan = propose_islands(gm, support, chosen, frozen)
+        plan = propose_islands(gm, place(gm, support, chosen, frozen))
     raise LoweringError("tpu_inductor: partitioning did not converge")  # pragma: no cover
 
 

@@ -34,6 +34,9 @@ class FallbackRecord:
     op: str
     reason: str
     source: Optional[str]
+    why: str = "unsupported"
+    """The placement's kind of decision (placement/placement.py: ``unsupported``,
+    ``learned failure``, ``chosen by measurement``, ``result mismatch``, ...)."""
 
 
 @dataclasses.dataclass

@@ -44,7 +44,8 @@ from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis
 from tpu_inductor.analysis.real_lengths import real_values
 from tpu_inductor.passes.rewrite import runnable_copy
-from tpu_inductor.placement.partition import Island, fuse_islands, settle_eager
+from tpu_inductor.placement.partition import Island, fuse_islands
+from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
 if TYPE_CHECKING:
@@ -172,6 +173,7 @@ class DynamicShapeGraph:
             raise RecompileBudgetError(message + " (strict: set strict=False to run them eagerly)")
         if not self._warned:
             self._warned = True
+            record_eager(self.record, f"{self.kind} graph at new sizes", Decision("budget exceeded", message))
             log.warning("%s", message)
             warnings.warn(message, RecompileBudgetWarning, stacklevel=2)
 
@@ -284,7 +286,6 @@ class DynamicShapeGraph:
         plan, islands = lower_with_retries(
             gm, support, self.record, self.context, build, probe, learn_for_later=False
         )
-        settle_eager(plan, self.context.config.strict, self.record)
         fused = fuse_islands(
             gm, plan, {name: target.run for name, target in islands.items()}, self.context.releases_eager_workers
         )

@@ -25,6 +25,7 @@ from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import LoweringError, OutputMismatchError
 from tpu_inductor.lowering.refine import refine_to_static
 from tpu_inductor.lowering.symbolic import SymbolicModule
+from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
@@ -140,7 +141,7 @@ class SymbolicIsland:
             # The island's ATen graph on the padded inputs is right by construction.
             log.warning("tpu_inductor: %s; this bucket runs the island eagerly", exc)
             if self._record is not None:
-                self._record.fallbacks.append(report.FallbackRecord(self.island_name, str(exc), None))
+                record_eager(self._record, self.island_name, Decision("result mismatch", str(exc)))
             self._eager_keys.add(key)
             return tuple(self.graph(*args))
 

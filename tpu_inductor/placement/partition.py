@@ -5,8 +5,8 @@ costs a dispatch, so lowerable nodes are grouped into as few islands as
 data dependencies allow: one per eager depth (how many times a path to a
 node leaves the device for eager), independent nodes on both sides of an
 eager node merged.
-This is the only place that decides lowered vs eager; the decision per node
-comes from :class:`~tpu_inductor.placement.support.SupportTable`.
+Which nodes may go to the device is decided before, per node, by
+:func:`~tpu_inductor.placement.placement.place`; this module only groups them.
 
 Before::
 
@@ -23,24 +23,17 @@ scalar arithmetic is not worth a PJRT call; those nodes stay eager.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx
 from torch.fx.passes.infra.partitioner import Partition
-from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
 
-from tpu_inductor.placement.support import SupportTable
-from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
 from tpu_inductor.passes.eager_views_as_reshape import eager_views_as_reshape
+from tpu_inductor.placement.placement import Placement
 
-if TYPE_CHECKING:
-    from tpu_inductor import report
-
-log = logging.getLogger(__name__)
 
 ISLAND_PREFIX = "island_"
 
@@ -69,33 +62,6 @@ TRANSPOSE_OPS = frozenset({torch.ops.aten.t.default, torch.ops.aten.transpose.in
 """Views that reorder dimensions: what a matmul can read in place."""
 
 
-class _TableSupport(OperatorSupportBase):
-    """Why a node stays eager (``None``: it lowers), from every source of that decision."""
-
-    def __init__(
-        self,
-        table: SupportTable,
-        hazards: dict[torch.fx.Node, str],
-        chosen: Mapping[torch.fx.Node, str],
-        layout_bound: Mapping[torch.fx.Node, str],
-    ) -> None:
-        self.table = table
-        self.hazards = hazards
-        self.chosen = chosen
-        self.layout_bound = layout_bound  # storage reads that must see eager's layout
-
-    def reason(self, node: torch.fx.Node) -> Optional[str]:
-        return (
-            self.layout_bound.get(node)
-            or self.hazards.get(node)
-            or self.chosen.get(node)
-            or self.table.unsupported_reason(node)
-        )
-
-    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        return self.reason(node) is None
-
-
 def is_compute(node: torch.fx.Node) -> bool:
     if node.target is operator.getitem:
         return False
@@ -111,7 +77,7 @@ def _worth_a_device_call(node: torch.fx.Node) -> bool:
     return any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in values)
 
 
-def _produces_tensor(node: torch.fx.Node) -> bool:
+def produces_tensor(node: torch.fx.Node) -> bool:
     value = node.meta.get("val")
     if isinstance(value, (list, tuple)):
         return any(isinstance(v, torch.Tensor) for v in value)
@@ -135,42 +101,27 @@ class Island:
 
 
 @dataclasses.dataclass
-class EagerNode:
-    """A node the device will not run, and why."""
-
-    node: torch.fx.Node
-    reason: str
-
-
-@dataclasses.dataclass
 class PartitionPlan:
-    """Islands to lower and the compute nodes left to eager, with reasons."""
+    """Islands to lower, from one :class:`~tpu_inductor.placement.placement.Placement`."""
 
     islands: list[Island]
-    eager: list[EagerNode]
     partitions: list[Partition]
-    chosen: list[EagerNode] = dataclasses.field(default_factory=list)
-    """Nodes that lower but run in eager because PyTorch's kernel is faster."""
+    placement: Placement
+
+    @property
+    def in_islands(self) -> set[torch.fx.Node]:
+        return {n for island in self.islands for n in island.nodes}
 
 
-def propose_islands(
-    gm: torch.fx.GraphModule,
-    table: SupportTable,
-    chosen: Optional[Mapping[torch.fx.Node, str]] = None,
-    frozen: Collection[torch.fx.Node] = frozenset(),
-) -> PartitionPlan:
-    """Largest cycle-free islands of supported nodes; leaves ``gm`` untouched.
+def propose_islands(gm: torch.fx.GraphModule, placement: Placement) -> PartitionPlan:
+    """Largest cycle-free islands of ``placement``'s device nodes; leaves ``gm`` untouched.
 
-    ``chosen`` (placement/kernel_choice.py) are nodes kept in eager, with why,
-    because PyTorch's kernel is measurably faster. ``frozen`` nodes
-    (analysis/frozen_parameters.py) get islands of their own."""
-    chosen = chosen or {}
-    support = _TableSupport(table, table.constant_fold_hazards(gm), chosen, eager_storage_reads(gm))
+    Parameter-only nodes (``freeze_parameters``) get islands of their own."""
     # A frozen island runs once, so even a lone transpose in it is worth its call.
     partitions: list[Partition] = [
         p
-        for p in _partitions_by_eager_depth(gm, support, frozen)
-        if any(_worth_a_device_call(n) for n in p.nodes) or all(n in frozen for n in p.nodes)
+        for p in _partitions_by_eager_depth(gm, placement)
+        if any(_worth_a_device_call(n) for n in p.nodes) or all(placement.frozen(n) for n in p.nodes)
     ]
     islands = []
     for index, partition in enumerate(partitions):
@@ -178,31 +129,12 @@ def propose_islands(
         name = f"{ISLAND_PREFIX}{index}"
         sub_gm, _, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
         islands.append(
-            Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, frozen=all(n in frozen for n in nodes))
+            Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, frozen=all(placement.frozen(n) for n in nodes))
         )
-    in_islands = {n for island in islands for n in island.nodes}
-    eager = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node in in_islands:
-            continue
-        reason = support.reason(node)
-        # Shape arithmetic (sym_size, asserts on SymBools) is bookkeeping, and a
-        # host-side constant is a choice, not a fallback.
-        if node in support.hazards or node in chosen:
-            continue
-        if reason is not None and is_compute(node) and _produces_tensor(node):
-            eager.append(EagerNode(node, reason))
-    return PartitionPlan(
-        islands=islands,
-        eager=eager,
-        partitions=partitions,
-        chosen=[EagerNode(node, why) for node, why in chosen.items()],
-    )
+    return PartitionPlan(islands=islands, partitions=partitions, placement=placement)
 
 
-def _partitions_by_eager_depth(
-    gm: torch.fx.GraphModule, support: _TableSupport, frozen: Collection[torch.fx.Node] = frozenset()
-) -> list[Partition]:
+def _partitions_by_eager_depth(gm: torch.fx.GraphModule, placement: Placement) -> list[Partition]:
     """One island per depth: how many times a path to the node goes from the device to eager.
 
     ``level`` is, for a supported node, the island it joins: the deepest of
@@ -219,7 +151,7 @@ def _partitions_by_eager_depth(
     A node whose every user is a ``getitem`` (a tuple output) takes those
     getitems with it, to an island or to eager.
 
-    ``frozen`` nodes of a level form an island of their own, ahead of the
+    Parameter-only nodes of a level form an island of their own, ahead of the
     level's other island: they read nothing that island computes.
     """
     level: dict[torch.fx.Node, int] = {}
@@ -239,10 +171,10 @@ def _partitions_by_eager_depth(
             if producer in group:
                 group[node] = group[producer]
             continue
-        if support.is_node_supported({}, node):
+        if placement.on_device(node):
             inputs = node.all_input_nodes
             level[node] = max((level[m] if m in group else after(m) for m in inputs), default=0)
-            group[node] = (level[node], node not in frozen)
+            group[node] = (level[node], not placement.frozen(node))
         else:
             level[node] = max((after(m) for m in node.all_input_nodes), default=0)
     _sink_input_only_work(gm, group)
@@ -329,26 +261,3 @@ def fuse_islands(
     # nn.Module.__call__, and callers here call forward directly.
     _LazyGraphModule.force_recompile(fused)
     return fused
-
-
-def settle_eager(plan: PartitionPlan, strict: bool, record: "report.GraphRecord") -> None:
-    """Accept the compute ops left to eager: record each as a fallback, or,
-    under ``strict``, refuse them all in one error naming each op and line."""
-    from tpu_inductor import report
-    from tpu_inductor.errors import UnsupportedOpError, describe_node, op_name, user_source_line
-
-    if strict and plan.eager:
-        lines = "\n".join(f"  {describe_node(e.node)}: {e.reason}" for e in plan.eager)
-        raise UnsupportedOpError(
-            f"tpu_inductor (strict): {len(plan.eager)} op(s) cannot run on the device:\n{lines}\n"
-            "Set strict=False (option) or TPU_INDUCTOR_STRICT=0 to run them in eager PyTorch."
-        )
-    for eager in plan.eager:
-        record.fallbacks.append(
-            report.FallbackRecord(op_name(eager.node), eager.reason, user_source_line(eager.node))
-        )
-        log.info("tpu_inductor: running %s eagerly: %s", describe_node(eager.node), eager.reason)
-    for choice in plan.chosen:
-        record.eager_kernels.append(
-            report.FallbackRecord(op_name(choice.node), choice.reason, user_source_line(choice.node))
-        )

@@ -1,4 +1,4 @@
-"""Which ATen nodes lower to StableHLO: the partitioner's only source of truth.
+"""Which ATen nodes lower to StableHLO: the support table placement reads.
 
 A node is lowered unless one of these says no, in this order:
 
@@ -11,9 +11,8 @@ A node is lowered unless one of these says no, in this order:
 4. a lowering of it failed before (learned at run time, remembered in memory
    and in the cache directory so later processes skip the failed attempt).
 
-One graph-level rule sits beside them: :meth:`SupportTable.constant_fold_hazards`
-computes 0-d compile-time constants that feed comparisons and ``sign`` on the
-host, where torch-mlir would fold those comparisons to wrong values.
+Each "no" is a :class:`~tpu_inductor.placement.placement.Decision`, which
+placement (placement/placement.py) puts beside its other sources.
 
 ``tests/test_ops.py`` keeps the table honest: every op it calls supported
 lowers and matches eager on OpInfo sample inputs.
@@ -32,6 +31,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.decompositions.table import ATTENTION_OPS
 from tpu_inductor.analysis.tie_sensitive_ops import tie_order_reason
+from tpu_inductor.placement.placement import Decision
 
 
 aten = torch.ops.aten
@@ -185,14 +185,6 @@ EAGER_ONLY = frozenset(
 )
 
 _ALWAYS_LOWERABLE = frozenset({operator.getitem})
-
-# torch-mlir folds these wrongly when their input is a 0-d compile-time
-# constant: sign(3.0) -> -1 and 3.0 < 0 -> True (torch-mlir 20261001; negative
-# values, and constant vectors such as iotas, fold right). Run eagerly, their
-# results reach the island as arguments, which nothing can fold.
-FOLDS_WRONGLY_ON_CONSTANTS = frozenset(
-    {"aten.sign", "aten.lt", "aten.gt", "aten.le", "aten.ge", "aten.eq", "aten.ne"}
-)
 
 
 def op_key(target: object) -> str:
@@ -364,46 +356,19 @@ class SupportTable:
         """Every learned signature with its reason and whether it was confirmed."""
         return self._learned.items()
 
-    @staticmethod
-    def constant_fold_hazards(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
-        """0-d constants to compute on the host, so torch-mlir cannot fold them.
-
-        Returns the producers of 0-d compile-time constants that feed a
-        comparison or ``sign``. Computed eagerly, they reach the island as
-        arguments: the comparison itself still runs on the device.
-        """
-        from_inputs: set[torch.fx.Node] = set()
-        for node in gm.graph.nodes:
-            if node.op in ("placeholder", "get_attr") or any(
-                a in from_inputs for a in node.all_input_nodes
-            ):
-                from_inputs.add(node)
-        hazards = {}
-        for node in gm.graph.nodes:
-            if node.op != "call_function" or op_key(node.target) not in FOLDS_WRONGLY_ON_CONSTANTS:
-                continue
-            for constant in node.all_input_nodes:
-                value = constant.meta.get("val")
-                if (
-                    constant.op == "call_function"
-                    and constant not in from_inputs
-                    and isinstance(value, torch.Tensor)
-                    and value.dim() == 0
-                ):
-                    hazards[constant] = "0-d constant kept on the host: torch-mlir folds comparisons of it wrongly"
-        return hazards
-
-    def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
-        """None when ``node`` lowers; else a short reason for reports and errors."""
+    def decide(self, node: torch.fx.Node) -> Optional[Decision]:
+        """None when ``node`` lowers; else why not, for placement, reports and errors."""
         if node.op != "call_function":
-            return "not an ATen op call"
+            return Decision("unsupported", "not an ATen op call")
         if node.target in _ALWAYS_LOWERABLE:
             return None
         if not isinstance(node.target, torch._ops.OpOverload):
-            return f"Python callable {op_key(node.target)} is not an ATen op"
+            return Decision("unsupported", f"Python callable {op_key(node.target)} is not an ATen op")
         if node.target.namespace not in ("aten", "prims"):
             # A library's own op: torch-mlir imports it as an opaque operator.
-            return f"custom op of '{node.target.namespace}': only ATen and prims ops lower to StableHLO"
+            return Decision(
+                "unsupported", f"custom op of '{node.target.namespace}': only ATen and prims ops lower to StableHLO"
+            )
         key = op_key(node.target)
         # Sizes of a graph with dynamic shapes (view(x, [s0, 4])) lower as scalar
         # arguments that shape refinement turns into constants.
@@ -411,27 +376,27 @@ class SupportTable:
         inputs = [v for v in inputs if not isinstance(v, (torch.SymInt, torch.SymFloat))]
         for value in [node.meta.get("val")] + inputs:
             if value is not None and not isinstance(value, (torch.Tensor, list, tuple)):
-                return f"takes or produces a non-tensor value ({type(value).__name__})"
+                return Decision("unsupported", f"takes or produces a non-tensor value ({type(value).__name__})")
             for tensor in _tensors(value):
                 if tensor.dtype not in SUPPORTED_DTYPES:
-                    return f"dtype {tensor.dtype} is not supported on the device"
+                    return Decision("unsupported", f"dtype {tensor.dtype} is not supported on the device")
         if free_unbacked_symbols(node.meta.get("val")) or any(
             free_unbacked_symbols(a.meta.get("val")) for a in node.all_input_nodes
         ):
-            return "shape depends on the data"
+            return Decision("data-dependent", "shape depends on the data")
         if key in KNOWN_UNSUPPORTED:
-            return "torch-mlir has no StableHLO lowering for it"
+            return Decision("unsupported", "torch-mlir has no StableHLO lowering for it")
         if key in KNOWN_WRONG:
-            return KNOWN_WRONG[key]
+            return Decision("unsupported", KNOWN_WRONG[key])
         hazard = _known_bad_lowering(node, key)
         if hazard:
-            return hazard
+            return Decision("unsupported", hazard)
         if key in EAGER_ONLY or _draws_random_numbers(node):
-            return "random op: runs in eager to use torch's generator"
+            return Decision("random", "random op: runs in eager to use torch's generator")
         if not self._learned:
             return None
         entry = self._learned.get(self.signature(node))
-        return entry["reason"] if entry is not None else None
+        return Decision("learned failure", entry["reason"]) if entry is not None else None
 
 
 class GraphSupport:
@@ -450,12 +415,15 @@ class GraphSupport:
         self.local: dict[torch.fx.Node, str] = {}
         self._ties_follow_eager = platform_name == "cpu"
 
-    def unsupported_reason(self, node: torch.fx.Node) -> Optional[str]:
-        return (
-            self.base.unsupported_reason(node)
-            or self.local.get(node)
-            or (tie_order_reason(node) if self._ties_follow_eager else None)
-        )
+    def decide(self, node: torch.fx.Node) -> Optional[Decision]:
+        """None when ``node`` lowers in this graph; else why not."""
+        decision = self.base.decide(node)
+        if decision is None and node in self.local:
+            decision = Decision("fails in this graph", self.local[node])
+        if decision is None and self._ties_follow_eager:
+            tie_order = tie_order_reason(node)
+            decision = Decision("tie order", tie_order) if tie_order else None
+        return decision
 
-    def constant_fold_hazards(self, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
-        return self.base.constant_fold_hazards(gm)
+    def lowers(self, node: torch.fx.Node) -> bool:
+        return self.decide(node) is None
