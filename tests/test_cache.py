@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import tpu_inductor
 import tpu_inductor.report as report
-from tpu_inductor import cli
+from tpu_inductor import cli, versions
 from tpu_inductor.config import Config
 from tpu_inductor.process_state import STATE
-from tpu_inductor.runtime import disk_cache, executable
-from tpu_inductor.runtime.disk_cache import DiskCache
+from tpu_inductor.runtime import disk_cache
+from tpu_inductor.runtime.disk_cache import CacheDir
 
 
 # Keys include a digest of the lowering/runtime source, so that edits never reuse
@@ -39,7 +40,7 @@ SOURCE_DIGEST = "pinned-for-tests"
 
 @pytest.fixture(autouse=True)
 def pinned_source_digest(monkeypatch):
-    monkeypatch.setattr(executable, "_source_digest", lambda: SOURCE_DIGEST)
+    monkeypatch.setattr(versions, "_source_digest", lambda: SOURCE_DIGEST)
 
 
 def graph(x):
@@ -149,8 +150,8 @@ def test_xla_flags_are_part_of_the_key(tmp_path, monkeypatch):
 
 def test_version_change(tmp_path, monkeypatch, caplog):
     run(tmp_path)
-    newer = {**executable.component_versions(), "torch-mlir": "29990101"}
-    monkeypatch.setattr(executable, "component_versions", lambda: newer)
+    newer = {**versions.component_versions(), "torch-mlir": "29990101"}
+    monkeypatch.setattr(versions, "component_versions", lambda: newer)
     upgraded = run(tmp_path)
     assert sources(upgraded) == [("torch-mlir", "xla")]
     assert upgraded.cache_misses() == {"version changed": 2}
@@ -247,7 +248,7 @@ def _keys(record: report.Report) -> set[str]:
 
 
 def _total(cache_dir) -> int:
-    return sum(e.bytes for e in DiskCache(Path(cache_dir)).entries())
+    return sum(e.bytes for e in CacheDir(Path(cache_dir)).entries())
 
 
 def test_lru_eviction_under_the_size_cap(tmp_path):
@@ -279,7 +280,7 @@ def test_cli_info_prune_clear(tmp_path, capsys):
     left = {p.name for kind in disk_cache.KINDS for p in entries(tmp_path, kind)}
     assert 0 < len(left) < 4 and _total(tmp_path) < info["bytes"]
     cli.main(["cache", "clear", "--cache-dir", str(tmp_path)])
-    assert DiskCache(tmp_path).entries() == []
+    assert CacheDir(tmp_path).entries() == []
     run(tmp_path, 4)
     assert_warm(tmp_path, 4)
 
@@ -298,10 +299,11 @@ def test_cli_info_prune_clear(tmp_path, capsys):
 CHILD = """
 import json, os, signal, sys, time, torch
 from pathlib import Path
-from tpu_inductor.runtime import disk_cache, executable
+from tpu_inductor import versions
+from tpu_inductor.runtime import disk_cache
 import tpu_inductor.report as report
 
-executable._source_digest = lambda: "pinned-for-tests"
+versions._source_digest = lambda: "pinned-for-tests"
 cache_dir, rows, mode, arg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 published = []
 if mode == "kill":
@@ -368,7 +370,7 @@ def test_processes_compiling_at_once_leave_one_valid_entry(tmp_path):
     # Different graphs: both published.
     assert first[2:] == second[2:] == [True, True]
     assert len(entries(cache, "graphs")) == 3 and len(entries(cache, "executables")) == 3
-    assert DiskCache(cache).incomplete_writes() == 0
+    assert CacheDir(cache).incomplete_writes() == 0
     for rows in (4, 6, 8):
         assert_warm(cache, rows)
 
@@ -379,7 +381,7 @@ def test_kill_9_mid_write_leaves_nothing_to_trip_on(tmp_path):
     killed.communicate(timeout=300)
     assert killed.returncode == -9
     assert len(entries(tmp_path, "graphs")) == 1 and entries(tmp_path, "executables") == []
-    assert DiskCache(tmp_path).incomplete_writes() == 1
+    assert CacheDir(tmp_path).incomplete_writes() == 1
     # Warm run killed while updating the graph entry's manifest (its last-used time).
     killed = _child(str(tmp_path), "4", "kill", "manifest.json")
     killed.communicate(timeout=300)
@@ -392,7 +394,7 @@ def test_kill_9_mid_write_leaves_nothing_to_trip_on(tmp_path):
     assert record.cache_misses() == {"no entry": 1}
     assert_warm(tmp_path)
     # The dead writer's temporary directory is removed once it is stale.
-    cache = DiskCache(tmp_path)
+    cache = CacheDir(tmp_path)
     for path in [*(tmp_path / "executables").glob(".tmp-*"), *graph_entry.glob(".*.tmp")]:
         os.utime(path, (0, 0))
     cache.entries()
@@ -436,3 +438,15 @@ def test_graph_key_covers_constant_attributes_and_input_metadata():
     assert graph_key(traced(2.0, x)).digest != key  # constant bytes do
     assert graph_key(traced(1.0, x.t().contiguous().t())).digest != key  # strides do
     assert graph_key(traced(1.0, x.double())).digest != key  # dtypes do
+
+
+def test_every_path_under_the_cache_directory_is_named_by_cache_dir():
+    """Nothing outside CacheDir builds a path under the cache directory."""
+    root = Path(tpu_inductor.__file__).parent
+    templates = ("learned_unsupported-", "kernel_timings-", "traced_graphs.json")
+    users = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if any(name in p.read_text() for name in templates) or "resolved_cache_dir /" in p.read_text()
+    )
+    assert users == ["runtime/disk_cache.py"]

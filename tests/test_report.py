@@ -302,7 +302,11 @@ def test_cli_report_runs_a_script_and_doctor_describes_the_machine(tmp_path, cap
     assert info["platforms"]["cpu"]["plugin"].startswith("jaxlib ")
     for missing in (p for p in info["platforms"].values() if p.get("why") == "plugin not installed"):
         assert missing["install"].startswith("pip install")  # what to do about it
-    assert set(info["versions"]) >= {"torch", "torch-mlir", "jaxlib", "libtpu"}
+    # doctor prints the components every cache key holds: one list.
+    from tpu_inductor import versions
+
+    assert list(info["versions"]) == list(versions.COMPONENTS)
+    assert set(versions.key_versions()) == set(versions.COMPONENTS) | {"tpu_inductor source"}
     assert info["cache"]["location"] == str(tmp_path / "cache")
 
 

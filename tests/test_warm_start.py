@@ -23,10 +23,10 @@ import torch
 import torch.nn as nn
 
 import tpu_inductor.report as report
-from tpu_inductor import aot_cache, cli
+from tpu_inductor import aot_cache, cli, versions
 from tpu_inductor.process_state import STATE
-from tpu_inductor.runtime import executable, torch_cache
-from tpu_inductor.runtime.disk_cache import MANIFEST, DiskCache
+from tpu_inductor.runtime import torch_cache
+from tpu_inductor.runtime.disk_cache import MANIFEST, CacheDir
 
 
 class MLP(nn.Module):
@@ -99,7 +99,7 @@ def test_a_changed_input_is_a_miss_with_its_reason(tmp_path, change, reason):
 
 def test_a_changed_version_is_a_miss_with_its_reason(tmp_path, monkeypatch):
     train_step(tmp_path)
-    monkeypatch.setattr(executable, "_source_digest", lambda: "edited source")
+    monkeypatch.setattr(versions, "_source_digest", lambda: "edited source")
     record = train_step(tmp_path)
     assert traced(record) == [(False, "version changed")]
 
@@ -195,7 +195,7 @@ def test_the_portable_bundle_carries_our_entries(tmp_path, monkeypatch):
 
 
 def test_an_imported_entry_that_fails_its_checksums_is_ignored(tmp_path, caplog):
-    cache = DiskCache(tmp_path)
+    cache = CacheDir(tmp_path)
     name = "0" * 24 + "-" + "1" * 16
     manifest = {"key": name, "files": {"module.mlirbc": {"bytes": 3, "sha256": "0" * 64}}}
     files = {"module.mlirbc": b"abc", MANIFEST: json.dumps(manifest).encode()}

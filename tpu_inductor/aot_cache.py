@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -42,8 +41,8 @@ from torch._inductor.output_code import OutputCode
 
 from tpu_inductor import report
 from tpu_inductor.process_state import STATE
-from tpu_inductor.runtime.disk_cache import TRACED_INDEX
-from tpu_inductor.runtime.executable import versions_digest
+from tpu_inductor.runtime.disk_cache import CacheDir
+from tpu_inductor.versions import versions_digest
 from tpu_inductor.runtime.persisted_dict import PersistedDict
 
 log = logging.getLogger(__name__)
@@ -164,7 +163,7 @@ def traced_level(
     needs_grad: bool,
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
-    cache_dir: Path,
+    cache_dir: CacheDir,
 ) -> Iterator[None]:
     """AOTAutograd runs inside: its cache on for our compilers, hits rebuilt
     with ``compile_aten``, and the lookup recorded in the report (a miss
@@ -208,7 +207,7 @@ _MISS_REASONS = {
 @dataclasses.dataclass
 class _Traced:
     """One Dynamo graph as the traced level saw it, against the index of
-    what it saw before (``<cache_dir>/traced_graphs.json``)."""
+    what it saw before (``CacheDir.traced_index_file``)."""
 
     index: PersistedDict
     graph: str
@@ -216,7 +215,7 @@ class _Traced:
     seen: dict[str, Any]
 
     @classmethod
-    def of(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cache_dir: Path) -> "_Traced":
+    def of(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cache_dir: CacheDir) -> "_Traced":
         seen = {
             "versions": f"{key_tag()} torch {torch.__version__}",
             "inputs": [_describe(x) for x in example_inputs],
@@ -245,11 +244,12 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _index(cache_dir: Path) -> PersistedDict:
+def _index(cache_dir: CacheDir) -> PersistedDict:
     indexes = STATE.traced_indexes
-    if cache_dir not in indexes:
-        indexes[cache_dir] = PersistedDict(cache_dir / TRACED_INDEX)
-    return indexes[cache_dir]
+    path = cache_dir.traced_index_file
+    if path not in indexes:
+        indexes[path] = PersistedDict(path)
+    return indexes[path]
 
 
 def _record_lookup(before: dict[str, int], after: dict[str, int], bypasses: list[str], traced: _Traced) -> None:

@@ -77,7 +77,7 @@ def tpu_backend(
         decompositions=decomposition_table(keep_attention=not needs_grad),
     )
     traced_level = (
-        aot_cache.traced_level(compile_aten, needs_grad, gm, example_inputs, context.config.resolved_cache_dir)
+        aot_cache.traced_level(compile_aten, needs_grad, gm, example_inputs, context.disk_cache)
         if cached
         else contextlib.nullcontext()
     )

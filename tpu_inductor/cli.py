@@ -28,7 +28,8 @@ from typing import Callable, Optional, Sequence
 from tpu_inductor.config import Config, parse_size
 from tpu_inductor.errors import ConfigError
 from tpu_inductor.runtime import torch_cache
-from tpu_inductor.runtime.disk_cache import KINDS, DiskCache
+from tpu_inductor.runtime.disk_cache import KINDS, CacheDir
+from tpu_inductor.versions import COMPONENTS, installed
 
 
 def _format_size(size: float) -> str:
@@ -39,14 +40,17 @@ def _format_size(size: float) -> str:
     return f"{size} B"  # pragma: no cover
 
 
-def _open_cache(args: argparse.Namespace) -> DiskCache:
-    options = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-    config = Config.load(options)
-    return DiskCache(config.resolved_cache_dir, config.cache_max_bytes)
+def _config(args: argparse.Namespace) -> Config:
+    return Config.load({"cache_dir": args.cache_dir} if args.cache_dir else {})
+
+
+def _open_cache(args: argparse.Namespace) -> CacheDir:
+    return CacheDir.of(_config(args))
 
 
 def _cache_info(args: argparse.Namespace) -> int:
-    cache = _open_cache(args)
+    config = _config(args)
+    cache = CacheDir.of(config)
     entries = cache.entries(remove_stale=False)  # info only looks
     by_kind = {kind: [e for e in entries if e.kind == kind] for kind in KINDS}
     traced = torch_cache.traced_entries()
@@ -185,25 +189,16 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_report)
 
 
-def _version_of(distribution: str) -> Optional[str]:
-    from importlib import metadata
-
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _doctor(args: argparse.Namespace) -> int:
     """What this machine offers the backend; each probe reports instead of failing."""
     import platform as host
 
     info: dict = {"python": sys.version.split()[0], "machine": f"{host.system()} {host.machine()}"}
-    versions = {dist: _version_of(dist) for dist in ("tpu_inductor", "torch", "torch-mlir", "jax", "jaxlib", "libtpu")}
+    versions = {dist: installed(dist) for dist in COMPONENTS}
     info["versions"] = versions
 
-    config = Config.load({"cache_dir": args.cache_dir} if args.cache_dir else {})
-    cache = DiskCache(config.resolved_cache_dir, config.cache_max_bytes)
+    config = _config(args)
+    cache = CacheDir.of(config)
     entries = cache.entries(remove_stale=False) if Path(cache.root).exists() else []
     info["cache"] = {
         "location": str(cache.root),
@@ -220,7 +215,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     platforms = {}
     for name in ("cpu", "cuda", "tpu"):
-        plugin = next(((dist, v) for dist in PLUGINS[name] if (v := _version_of(dist))), None)
+        plugin = next(((dist, v) for dist in PLUGINS[name] if (v := installed(dist))), None)
         if plugin is None:
             platforms[name] = {"available": False, "why": "plugin not installed", "install": INSTALL_HINT[name]}
             continue

@@ -42,8 +42,8 @@ from tpu_inductor.runtime import (
     get_platform,
     select_platform,
 )
-from tpu_inductor.runtime.disk_cache import LEARNED_UNSUPPORTED, DiskCache
-from tpu_inductor.runtime.executable import TensorSpec, versions_digest
+from tpu_inductor.runtime.disk_cache import CacheDir
+from tpu_inductor.runtime.executable import TensorSpec
 from tpu_inductor.runtime.threads import eager_workers_compete
 
 log = logging.getLogger(__name__)
@@ -56,20 +56,20 @@ class CompileContext:
     config: Config
     platform: Platform
     support: SupportTable
-    disk_cache: Optional[DiskCache]
+    disk_cache: Optional[CacheDir]
     kernels: Optional[KernelChooser] = None
 
     @classmethod
     def create(cls, config: Config, example_inputs: Sequence[Any] = ()) -> "CompileContext":
-        cache_root = config.resolved_cache_dir if config.cache else None
+        cache_dir = CacheDir.of(config) if config.cache else None
         platform_name = select_platform(config.platform, example_inputs)
         platform = get_platform(platform_name, zero_copy=config.zero_copy)
         return cls(
             config=config,
             platform=platform,
-            support=_support_table(cache_root),
-            disk_cache=DiskCache(cache_root, config.cache_max_bytes) if cache_root else None,
-            kernels=_kernel_chooser(platform, cache_root) if config.eager_kernels else None,
+            support=_support_table(cache_dir),
+            disk_cache=cache_dir,
+            kernels=_kernel_chooser(platform, cache_dir) if config.eager_kernels else None,
         )
 
     @property
@@ -84,24 +84,22 @@ class CompileContext:
         return eager_workers_compete(self.platform.name == "cpu")
 
 
-def _kernel_chooser(platform: Platform, cache_root) -> Optional[KernelChooser]:
+def _kernel_chooser(platform: Platform, cache_dir: Optional[CacheDir]) -> Optional[KernelChooser]:
     """One chooser per platform and cache directory: timings are measured once."""
-    key = (platform.name, platform.device_kind, str(cache_root))
+    key = (platform.name, platform.device_kind, str(cache_dir.root) if cache_dir else None)
     choosers = STATE.kernel_choosers
     if key not in choosers:
-        choosers[key] = KernelChooser.for_platform(platform, cache_root)
+        timings = cache_dir.kernel_timings_file(platform.device_kind) if cache_dir else None
+        choosers[key] = KernelChooser.for_platform(platform, timings)
     return choosers[key]
 
 
-def _support_table(cache_root) -> SupportTable:
+def _support_table(cache_dir: Optional[CacheDir]) -> SupportTable:
     """One table per cache directory, shared by every region of the process."""
-    key = str(cache_root) if cache_root else None
+    key = str(cache_dir.root) if cache_dir else None
     tables = STATE.support_tables
     if key not in tables:
-        # What failed with one torch-mlir/XLA (or one version of our lowering
-        # code) may lower with the next: one file per versions + source digest.
-        name = LEARNED_UNSUPPORTED.format(digest=versions_digest())
-        tables[key] = SupportTable(cache_root / name if cache_root else None)
+        tables[key] = SupportTable(cache_dir.learned_unsupported_file() if cache_dir else None)
     return tables[key]
 
 

@@ -31,8 +31,9 @@ import torch.fx
 
 from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
 from tpu_inductor.lowering.symbolic import SymbolicModule, lower_symbolic, scalar_positions
-from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache
-from tpu_inductor.runtime.executable import key_versions, record_cache_event
+from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir
+from tpu_inductor.runtime.executable import record_cache_event
+from tpu_inductor.versions import key_versions
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _symbol_ranges(gm: torch.fx.GraphModule) -> dict[str, str]:
 
 
 def _through_cache(
-    disk_cache: Optional[DiskCache],
+    disk_cache: Optional[CacheDir],
     key: Optional[CacheKey],
     file_name: str,
     lower: Callable[[], bytes],
@@ -184,7 +185,7 @@ def _through_cache(
 
 def lower_cached(
     gm: torch.fx.GraphModule,
-    disk_cache: Optional[DiskCache],
+    disk_cache: Optional[CacheDir],
     name: str = "main",
     *,
     for_cpu: bool = False,
@@ -206,7 +207,7 @@ def lower_cached(
 
 
 def lower_symbolic_cached(
-    gm: torch.fx.GraphModule, disk_cache: Optional[DiskCache], name: str = "main", *, isolate: bool = True
+    gm: torch.fx.GraphModule, disk_cache: Optional[CacheDir], name: str = "main", *, isolate: bool = True
 ) -> tuple[SymbolicModule, LowerStats]:
     """The module with dynamic dims for ``gm`` (see :func:`lower_symbolic`): from
     the graph cache, or lowered now and stored. Symbols keep their names across

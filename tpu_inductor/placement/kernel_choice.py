@@ -50,9 +50,7 @@ from tpu_inductor.passes.channels_last import (
 )
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
 from tpu_inductor.placement.partition import TRANSPOSE_OPS, is_compute
-from tpu_inductor.runtime.disk_cache import KERNEL_TIMINGS
 from tpu_inductor.runtime.persisted_dict import PersistedDict
-from tpu_inductor.runtime.executable import versions_digest
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +103,11 @@ class KernelChooser:
         self._xla_threads = xla_threads
 
     @classmethod
-    def for_platform(cls, platform, cache_root: Optional[Path]) -> Optional["KernelChooser"]:
-        """A chooser for ``platform``, or None where eager kernels cannot help."""
+    def for_platform(cls, platform, timings_file: Optional[Path]) -> Optional["KernelChooser"]:
+        """A chooser for ``platform``, or None where eager kernels cannot help.
+        ``timings_file``: where timings persist (``CacheDir.kernel_timings_file``)."""
         if not platform.shares_host_memory or platform.name != "cpu":
             return None
-        # Timings belong to one machine and one set of versions.
-        name = KERNEL_TIMINGS.format(device_kind=platform.device_kind, digest=versions_digest())
-        path = cache_root / name if cache_root else None
 
         def time_xla(probe: torch.fx.GraphModule, inputs: list) -> float:
             from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
@@ -122,7 +118,7 @@ class KernelChooser:
             executable = DeviceExecutable(loaded, platform, lowered.output_specs, name="kernel timing")
             return _median_seconds(lambda: executable(*inputs))
 
-        return cls(PersistedDict(path), time_xla, platform.xla_threads)
+        return cls(PersistedDict(timings_file), time_xla, platform.xla_threads)
 
     def eager_choices(self, gm: torch.fx.GraphModule, lowers: Callable[[torch.fx.Node], bool]) -> dict:
         """Node -> reason, for the candidate nodes that should run in eager."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tpu_inductor import report as record
-from tpu_inductor.runtime.disk_cache import DiskCache
+from tpu_inductor.runtime.disk_cache import CacheDir
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def bundle_dir(config: Any, graph_id: int, island: str) -> Optional[Path]:
     if config.cache:
         _count += 1
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        return DiskCache(config.resolved_cache_dir).repro_dir / f"{os.getpid()}-{stamp}-{_count}"
+        return CacheDir.of(config).repro_dir / f"{os.getpid()}-{stamp}-{_count}"
     return None
 
 

@@ -27,14 +27,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 import zipfile
 from pathlib import Path
 
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
 from tpu_inductor.config import Config
-from tpu_inductor.runtime.disk_cache import DiskCache
+from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.runtime.persisted_dict import PersistedDict
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ class TpuInductorCacheArtifact(CacheArtifact):
         except (zipfile.BadZipFile, ValueError) as exc:
             log.warning("tpu_inductor: ignoring a cache artifact %s that does not unpack: %s", self.key, exc)
             return
-        DiskCache(config.resolved_cache_dir, config.cache_max_bytes).import_entry(kind, name, files)
+        CacheDir.of(config).import_entry(kind, name, files)
 
 
 @CacheArtifactFactory.register
@@ -75,14 +74,15 @@ class TpuInductorLearnedArtifact(CacheArtifact):
 
     def populate_cache(self) -> None:
         config = Config.load()
-        if not config.cache or not re.fullmatch(r"[\w.-]+\.json", self.key):
+        if not config.cache:
             return
         try:
+            path = CacheDir.of(config).learned_file(self.key)
             incoming = dict(json.loads(self.content))
         except (ValueError, TypeError) as exc:
             log.warning("tpu_inductor: ignoring the cache artifact %s: %s", self.key, exc)
             return
-        PersistedDict(config.resolved_cache_dir / self.key).merge(incoming)
+        PersistedDict(path).merge(incoming)
 
 
 def pack(files: dict[str, bytes]) -> bytes:
@@ -106,5 +106,5 @@ def _record_learned(path: Path, data: bytes) -> None:
     CacheArtifactManager.record_artifact(LEARNED_TYPE, path.name, data)
 
 
-DiskCache.entry_observer = _record
+CacheDir.entry_observer = _record
 PersistedDict.observer = _record_learned

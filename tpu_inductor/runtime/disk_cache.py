@@ -13,9 +13,9 @@ Layout, one directory per entry::
 
 (The traced level, Dynamo graph -> ATen graphs, is PyTorch's AOTAutogradCache
 in PyTorch's directory: tpu_inductor/aot_cache.py.) Entries another cache
-exported come in through :meth:`DiskCache.import_entry`, checked against
+exported come in through :meth:`CacheDir.import_entry`, checked against
 their manifests; every entry stored or hit is shown to
-:attr:`DiskCache.entry_observer`, which is how PyTorch's portable cache
+:attr:`CacheDir.entry_observer`, which is how PyTorch's portable cache
 bundle carries them (runtime/cache_artifacts.py).
 
 ``<key>`` is ``<identity>-<environment>``: the identity digest covers what is
@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from tpu_inductor.process_state import STATE
+from tpu_inductor.versions import versions_digest
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class CacheKey:
 
 @dataclasses.dataclass
 class Lookup:
-    """The outcome of :meth:`DiskCache.load`: a value (hit) or a reason (miss)."""
+    """The outcome of :meth:`CacheDir.load`: a value (hit) or a reason (miss)."""
 
     value: Any = None
     reason: Optional[str] = None
@@ -203,11 +204,20 @@ REPRO_DIR = "repro"
 """Reproducer bundles of failed lowerings when no report directory is set (reporting/repro.py)."""
 
 
-class DiskCache:
-    """Entries of two kinds (``graphs``, ``executables``) under one directory,
-    the files of what processes learned beside them (:data:`LEARNED_UNSUPPORTED`,
-    :data:`KERNEL_TIMINGS`, :data:`TRACED_INDEX`) and reproducer bundles
-    (:data:`REPRO_DIR`): every path under the cache directory is named here."""
+def _name_pattern(template: str) -> str:
+    """``learned_unsupported-{digest}.json`` as a regex of the names it makes."""
+    parts = re.split(r"(\{\w+\})", template)
+    return "".join(r"[\w.-]+" if part.startswith("{") else re.escape(part) for part in parts)
+
+
+class CacheDir:
+    """The cache directory: every path under it is named here, and the backend
+    and the CLI reach each through this class.
+
+    It holds entries of two kinds (``graphs``, ``executables``), the files of
+    what processes learned beside them (:meth:`learned_unsupported_file`,
+    :meth:`kernel_timings_file`, :attr:`traced_index_file`) and reproducer
+    bundles (:attr:`repro_dir`)."""
 
     entry_observer: Optional[Callable[[str, str, dict[str, bytes]], None]] = None
     """Called with (kind, entry name, files and manifest) for every entry this
@@ -217,6 +227,33 @@ class DiskCache:
     def __init__(self, root: Path, max_bytes: int = 2 * 1024**3) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
+
+    @classmethod
+    def of(cls, config: Any) -> "CacheDir":
+        """The cache directory a :class:`~tpu_inductor.config.Config` names, with its size cap."""
+        return cls(config.resolved_cache_dir, config.cache_max_bytes)
+
+    # -- the learned files ---------------------------------------------------------
+
+    def learned_unsupported_file(self) -> Path:
+        """What failed to lower alone with this set of versions (a new torch-mlir,
+        XLA or lowering code may lower it)."""
+        return self.root / LEARNED_UNSUPPORTED.format(digest=versions_digest())
+
+    def kernel_timings_file(self, device_kind: str) -> Path:
+        """Eager and XLA timings, which belong to one machine and one set of versions."""
+        return self.root / KERNEL_TIMINGS.format(device_kind=device_kind, digest=versions_digest())
+
+    @property
+    def traced_index_file(self) -> Path:
+        return self.root / TRACED_INDEX
+
+    def learned_file(self, name: str) -> Path:
+        """A learned file named by another machine (a portable cache bundle);
+        ValueError unless ``name`` is one of the learned files' names."""
+        if not any(re.fullmatch(_name_pattern(template), name) for template in _SIDE_FILES):
+            raise ValueError(f"not a learned file of the cache directory: {name!r}")
+        return self.root / name
 
     # -- reading -------------------------------------------------------------------
 
@@ -254,8 +291,8 @@ class DiskCache:
             return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, "a file is missing"))
         except Exception as exc:  # decode failed: the bytes are not what they claim
             return self._evict_corrupt(entry, _CorruptEntry(CORRUPTED, f"cannot be loaded: {exc}"))
-        if DiskCache.entry_observer is not None:
-            DiskCache.entry_observer(kind, key.digest, {**files, MANIFEST: json.dumps(manifest, indent=1).encode()})
+        if CacheDir.entry_observer is not None:
+            CacheDir.entry_observer(kind, key.digest, {**files, MANIFEST: json.dumps(manifest, indent=1).encode()})
         self._touch(entry, {**manifest, "hits": hits + 1, "last_used": _now_iso()})
         return Lookup(value=value, saves_seconds=saves_seconds)
 
@@ -285,7 +322,7 @@ class DiskCache:
     @staticmethod
     def _read_files(entry: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
         files = {name: (entry / name).read_bytes() for name in manifest["files"]}
-        DiskCache._check_files(files, manifest)
+        CacheDir._check_files(files, manifest)
         return files
 
     @staticmethod
@@ -403,8 +440,8 @@ class DiskCache:
             self._disable_writes(exc)
             return False
         if published:
-            if observe and DiskCache.entry_observer is not None:
-                DiskCache.entry_observer(kind, name, files)
+            if observe and CacheDir.entry_observer is not None:
+                CacheDir.entry_observer(kind, name, files)
             self.enforce_cap()
         return published
 
@@ -516,10 +553,10 @@ class DiskCache:
     @staticmethod
     def _entry_info(kind: str, path: Path, remove_stale: bool) -> EntryInfo:
         size = 0
-        for child in DiskCache._children(path):
+        for child in CacheDir._children(path):
             if child.name.startswith("."):  # a manifest update killed mid-write
                 if remove_stale:
-                    DiskCache._remove_if_stale(child)
+                    CacheDir._remove_if_stale(child)
                 continue
             try:
                 size += child.stat().st_size
@@ -545,7 +582,7 @@ class DiskCache:
             if time.time() - path.stat().st_mtime <= STALE_TEMP_SECONDS:
                 return
             if path.is_dir():
-                DiskCache._remove(path)
+                CacheDir._remove(path)
             else:
                 path.unlink()
         except OSError:

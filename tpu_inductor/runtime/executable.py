@@ -5,8 +5,8 @@ on-disk cache (:mod:`tpu_inductor.runtime.disk_cache`). The key covers
 everything that changes the compiled code, because a stale hit is a wrong
 result: the StableHLO bytes and input avals, platform, device kind and
 runtime version, the compile options and ``XLA_FLAGS``, and the versions of
-torch, torch-mlir, jaxlib, libtpu and tpu_inductor (plus a digest of the
-lowering and runtime source, so editing that code never reuses stale output).
+the components (``tpu_inductor.versions.COMPONENTS``), plus a digest of the
+lowering and runtime source, so editing that code never reuses stale output.
 """
 
 from __future__ import annotations
@@ -16,69 +16,19 @@ import functools
 import hashlib
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from jaxlib import _jax
 
 from tpu_inductor import report
+from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import transfer
-from tpu_inductor.runtime.disk_cache import CacheKey, DiskCache, Lookup
+from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
 from tpu_inductor.runtime.platform import Platform
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def component_versions() -> dict[str, str]:
-    """Versions that change compiled code; part of every cache key."""
-    from importlib import metadata
-
-    versions = {}
-    for dist in ("torch", "torch-mlir", "jaxlib", "libtpu", "tpu_inductor"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "absent"
-    return versions
-
-
-# The source that turns a cached input into a cached output. support.py only
-# decides which ops reach an island, and the island itself is in the graph key;
-# leaving it (and the passes, partitioner, report...) out keeps edits there
-# from turning every developer's cache cold.
-_KEYED_SOURCE = ("lowering/*.py", "runtime/executable.py", "runtime/platform.py", "runtime/disk_cache.py")
-_UNKEYED_SOURCE = ("placement/support.py",)
-
-
-@functools.cache
-def _source_digest() -> str:
-    """A digest of the package source that produces cached artifacts.
-
-    An editable install keeps its version while its lowering code changes;
-    without this a developer's cache would return what the old code compiled.
-    """
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parent.parent
-    paths = {p for pattern in _KEYED_SOURCE for p in package.glob(pattern)}
-    paths -= {package / name for name in _UNKEYED_SOURCE}
-    for path in sorted(paths):
-        digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def key_versions() -> dict[str, str]:
-    """The ``versions`` group of every cache key."""
-    return {**component_versions(), "tpu_inductor source": _source_digest()}
-
-
-def versions_digest() -> str:
-    """:func:`key_versions` in 12 hex digits, for names of files that hold what
-    one set of versions learned (unsupported ops, kernel timings)."""
-    return hashlib.sha256(repr(sorted(key_versions().items())).encode()).hexdigest()[:12]
 
 
 @dataclasses.dataclass
@@ -211,7 +161,7 @@ def executable_key(
 def compile_stablehlo(
     module: Union[bytes, str],
     platform: Platform,
-    disk_cache: Optional[DiskCache],
+    disk_cache: Optional[CacheDir],
     *,
     input_specs: Sequence[TensorSpec] = (),
     xla_flags: str = "",
@@ -248,7 +198,7 @@ def compile_stablehlo(
 
 
 def _store(
-    disk_cache: DiskCache,
+    disk_cache: CacheDir,
     key: CacheKey,
     module: Union[bytes, str],
     loaded: Any,
