@@ -283,22 +283,20 @@ def build_compiled_graph(
     if small:
         chosen.update(small)
         plan = None  # proposed again with them
-    island_records: dict[str, report.IslandRecord] = {}
 
-    def build(island: Island) -> DeviceExecutable:
-        executable, island_records[island.name] = _compile_island(island, context, record)
-        return executable
+    def build(island: Island) -> DeviceIsland:
+        executable, island_record = _compile_island(island, context, record)
+        return DeviceIsland(executable, island_record, aten_graph=island.graph, graph_record=record)
 
-    plan, executables = lower_with_retries(
+    plan, runners = lower_with_retries(
         gm, support, record, context, build, probe, learn_for_later=True, chosen=chosen, frozen=frozen, plan=plan
     )
-    record.islands = [island_records[island.name] for island in plan.islands]
+    record.islands = [runners[island.name].record for island in plan.islands]
     devices = {}
     for island in plan.islands:
-        island_record = island_records[island.name]
-        run = DeviceIsland(executables[island.name], island_record, aten_graph=island.graph, graph_record=record).run
+        run = runners[island.name].run
         if island.frozen:
-            island_record.results_kept = True
+            runners[island.name].record.results_kept = True
             run = ReusedResults(run).run
         devices[island.name] = run
     fused = fuse_islands(gm, plan, devices, context.releases_eager_workers)

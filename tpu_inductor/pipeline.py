@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Collection, Mapping, Optional
+from typing import Any, Callable, Collection, Mapping, Optional, Protocol
 
 import sympy
 import torch
@@ -216,8 +216,16 @@ def graph_support(gm: torch.fx.GraphModule, context: Any, probe: "Probe") -> Gra
     return GraphSupport(context.support, context.platform.name)
 
 
-Build = Callable[[Island], Any]
-"""Lower and compile one island, returning what the graph calls in its place; raises on failure."""
+class IslandRunner(Protocol):
+    """What a graph calls in place of an island, one interface for both paths:
+    ``compiled_graph.DeviceIsland`` (one static executable) and
+    ``dynamic.island.SymbolicIsland`` (one executable per bucket of sizes)."""
+
+    def run(self, *args: Any) -> tuple[torch.Tensor, ...]: ...
+
+
+Build = Callable[[Island], IslandRunner]
+"""Lower and compile one island, returning its runner; raises on failure."""
 Probe = Callable[[Island], None]
 """Lower and compile a piece of a graph to see whether it can be (nothing kept, nothing cached)."""
 
@@ -234,7 +242,7 @@ def lower_with_retries(
     chosen: Optional[Mapping[torch.fx.Node, str]] = None,
     frozen: Collection[torch.fx.Node] = frozenset(),
     plan: Optional[PartitionPlan] = None,
-) -> tuple[PartitionPlan, dict[str, Any]]:
+) -> tuple[PartitionPlan, dict[str, IslandRunner]]:
     """Place and partition ``gm``, build every island; on a failure, learn and
     retry; then settle the placement (record what runs eagerly, or refuse it
     under ``strict``).
@@ -250,7 +258,7 @@ def lower_with_retries(
     if plan is None:
         plan = propose_islands(gm, place(gm, support, chosen, frozen))
     for _ in range(len(gm.graph.nodes) + 1):
-        built: dict[str, Any] = {}
+        built: dict[str, IslandRunner] = {}
         failure: Optional[tuple[Island, Exception]] = None
         for island in plan.islands:
             try:
