@@ -229,14 +229,18 @@ def new_graph_record(kind: str, num_nodes: int, input_shapes: list[tuple[int, ..
 _local = threading.local()
 
 
-def record_graph_break(record: GraphBreakRecord) -> None:
+def _append(field: str, record: Any) -> None:
+    """Add ``record`` to the current report's list ``field``, under the report's lock."""
     with _lock:
-        _current.graph_breaks.append(record)
+        getattr(_current, field).append(record)
+
+
+def record_graph_break(record: GraphBreakRecord) -> None:
+    _append("graph_breaks", record)
 
 
 def record_repro(record: ReproRecord) -> None:
-    with _lock:
-        _current.repros.append(record)
+    _append("repros", record)
 
 
 @contextlib.contextmanager
@@ -387,13 +391,11 @@ def record_trace(dynamic_dims: dict[str, str], reason: Optional[str]) -> TraceRe
 
 
 def record_dynamic_graph(record: DynamicGraphRecord) -> None:
-    with _lock:
-        _current.dynamic_graphs.append(record)
+    _append("dynamic_graphs", record)
 
 
 def record_recompile(record: RecompileRecord) -> None:
-    with _lock:
-        _current.recompiles.append(record)
+    _append("recompiles", record)
 
 
 def compile_counts(report: Optional[Report] = None) -> dict[str, int]:

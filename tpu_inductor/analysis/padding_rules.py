@@ -2,10 +2,10 @@
 
 Why its own module: the analysis walks the graph and tracks each tensor's
 dims as factors; what each op does to those factors, and which symbols it
-makes unsafe to pad, is this list of rules, tried in order until one
-claims the node (:data:`RULES`). An op no rule claims is never assumed
-safe. The rules of ops that address positions (slices, cat, gathers,
-scatters, attention) are in analysis/padding_rules_positions.py.
+makes unsafe to pad, is one rule per op (:data:`RULES`, filled by
+:func:`rule`). An op without a rule is never assumed safe. The rules of
+ops that address positions (slices, cat, gathers, scatters, attention) are
+in analysis/padding_rules_positions.py.
 """
 
 from __future__ import annotations
@@ -17,15 +17,6 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.padded_positions import counted_from
-from tpu_inductor.analysis.padding_rules_positions import (
-    _rule_attention,
-    _rule_cat,
-    _rule_index,
-    _rule_index_put,
-    _rule_select,
-    _rule_slice,
-    _rule_split,
-)
 from tpu_inductor.analysis.padding_safety import (
     _ONE,
     Dim,
@@ -141,13 +132,37 @@ _FACTORIES = {
 
 
 
-# Each rule: (analyzer, node, target) -> size argument names, or None if not its op.
-Rule = Callable[[_Analyzer, torch.fx.Node, Any], Optional[tuple[str, ...]]]
+# Each rule: (analyzer, node, target) -> the names of the size arguments it reads.
+Rule = Callable[[_Analyzer, torch.fx.Node, Any], tuple[str, ...]]
+
+RULES: dict[Any, Rule] = {}
+"""Op overload -> its rule; an op with none is never assumed safe to pad."""
 
 
+def rule(*targets: Any, reads_layout: bool = False) -> Callable[[Rule], Rule]:
+    """Register a rule for ``targets`` (one rule per op).
+
+    ``reads_layout``: the rule reads its first input's layout
+    (:meth:`_Analyzer.source_layout`); a node whose input has none is left
+    as an op without a rule, before the rule runs.
+    """
+
+    def register(body: Rule) -> Rule:
+        def checked(a: _Analyzer, node: torch.fx.Node, target: Any) -> tuple[str, ...]:
+            if reads_layout and a.source_layout(node) is None:
+                return ()
+            return body(a, node, target)
+
+        for target in targets:
+            assert target not in RULES, f"two padding rules for {target}"
+            RULES[target] = checked if reads_layout else body
+        return body
+
+    return register
+
+
+@rule(*_SAME_LAYOUT, *_PREFIX_SCANS)
 def _rule_same_layout(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _SAME_LAYOUT and target not in _PREFIX_SCANS:
-        return None
     source = a.source_layout(node)
     if source is not None:
         val = node.meta["val"]
@@ -155,9 +170,8 @@ def _rule_same_layout(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tup
     return ()
 
 
+@rule(*_VIEWS)
 def _rule_view(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _VIEWS:
-        return None
     source = a.layout(node.args[0])
     out_shape = [expr_of(s) for s in node.meta["val"].shape]
     regrouped = _regroup(source, out_shape) if source is not None else None
@@ -202,12 +216,9 @@ def _regroup(source: Layout, out_shape: Sequence[sympy.Expr]) -> Optional[Layout
     return tuple(out)
 
 
+@rule(aten.permute.default, aten.t.default, aten.transpose.int, reads_layout=True)
 def _rule_permute(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (aten.permute.default, aten.t.default, aten.transpose.int):
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     rank = len(source)
     if target is aten.permute.default:
         order = [_norm(d, rank) for d in node.args[1]]
@@ -222,15 +233,12 @@ def _rule_permute(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[s
     return ()
 
 
+@rule(
+    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, prims.squeeze.default,
+    reads_layout=True,
+)
 def _rule_squeeze(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (
-        aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
-        prims.squeeze.default,
-    ):
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     rank = len(source)
     if target is aten.unsqueeze.default:
         d = _norm(node.args[1], rank + 1)
@@ -247,9 +255,8 @@ def _rule_squeeze(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[s
     return ()
 
 
+@rule(aten.expand.default)
 def _rule_expand(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not aten.expand.default:
-        return None
     source = a.source_layout(node)
     out = node.meta["val"].shape
     if source is None:
@@ -265,12 +272,9 @@ def _rule_expand(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
     return ("size",)
 
 
+@rule(*_REDUCTIONS, reads_layout=True)
 def _rule_reduction(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _REDUCTIONS:
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     dim_name, keep_name = _REDUCTIONS[target]
     rank = len(source)
     dims = _arg(node, dim_name, 1) if dim_name else None
@@ -289,9 +293,8 @@ def _rule_reduction(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
     return ()
 
 
+@rule(*_MIXES_ALONG)
 def _rule_mixes_along(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _MIXES_ALONG:
-        return None
     name, index, default, why = _MIXES_ALONG[target]
     source = a.source_layout(node)
     if source is None:
@@ -308,12 +311,9 @@ def _rule_mixes_along(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tup
     return ()
 
 
+@rule(*_WINDOWED, reads_layout=True)
 def _rule_windowed(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _WINDOWED:
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     kept = _WINDOWED[target]
     for dim in source[kept:]:
         a.mark(_sym_syms(dim), "slides a window over it")
@@ -327,12 +327,9 @@ def _rule_windowed(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[
     return ()
 
 
+@rule(aten.native_layer_norm.default, reads_layout=True)
 def _rule_layer_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not aten.native_layer_norm.default:
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     n = len(node.args[1])
     for dim in source[len(source) - n:]:
         a.mark(_sym_syms(dim), "normalises over it")
@@ -341,17 +338,15 @@ def _rule_layer_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tupl
     return ()
 
 
+@rule(
+    aten._native_batch_norm_legit_no_training.default,
+    aten._native_batch_norm_legit.default,
+    aten.native_batch_norm.default,
+    aten._native_batch_norm_legit_functional.default,
+    reads_layout=True,
+)
 def _rule_batch_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (
-        aten._native_batch_norm_legit_no_training.default,
-        aten._native_batch_norm_legit.default,
-        aten.native_batch_norm.default,
-        aten._native_batch_norm_legit_functional.default,
-    ):
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     if target is not aten._native_batch_norm_legit_no_training.default:
         for i, dim in enumerate(source):
             if i != 1:
@@ -363,9 +358,8 @@ def _rule_batch_norm(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tupl
     return ()
 
 
+@rule(aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
 def _rule_matmul(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default):
-        return None
     with_bias = target in (aten.addmm.default, aten.baddbmm.default)
     lhs, rhs = (node.args[1], node.args[2]) if with_bias else (node.args[0], node.args[1])
     left, right = a.layout(lhs), a.layout(rhs)
@@ -384,9 +378,8 @@ def _rule_matmul(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
     return ()
 
 
+@rule(aten.embedding.default)
 def _rule_embedding(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not aten.embedding.default:
-        return None
     weight, indices = a.layout(node.args[0]), a.layout(node.args[1])
     if weight is None or indices is None:
         a._unknown(node)
@@ -396,9 +389,8 @@ def _rule_embedding(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
     return ()
 
 
+@rule(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def _rule_arange(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (aten.arange.default, aten.arange.start, aten.arange.start_step):
-        return None
     if target is aten.arange.default:
         start, step = 0, 1
     else:
@@ -415,35 +407,9 @@ def _rule_arange(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
     return ()
 
 
+@rule(*_FACTORIES)
 def _rule_factory(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in _FACTORIES:
-        return None
     val = node.meta["val"]
     if isinstance(val, torch.Tensor):
         a.layouts[node] = a._plain(val.shape, prefix=True)  # a fill is the same at every position
     return _FACTORIES[target]
-
-
-RULES: tuple[Rule, ...] = (
-    _rule_same_layout,
-    _rule_view,
-    _rule_permute,
-    _rule_squeeze,
-    _rule_expand,
-    _rule_reduction,
-    _rule_mixes_along,
-    _rule_windowed,
-    _rule_layer_norm,
-    _rule_batch_norm,
-    _rule_matmul,
-    _rule_embedding,
-    _rule_arange,
-    _rule_factory,
-    _rule_slice,
-    _rule_select,
-    _rule_split,
-    _rule_cat,
-    _rule_attention,
-    _rule_index,
-    _rule_index_put,
-)

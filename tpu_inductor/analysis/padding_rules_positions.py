@@ -6,7 +6,7 @@ its end still has its real positions where the graph reads them; several
 accept an op only because passes/padded_positions.py rewrites it to address
 the real end (the predicates they share are imported from there). The
 layout rules (views, reductions, matmuls...) are in analysis/padding_rules.py,
-which lists both in :data:`~tpu_inductor.analysis.padding_rules.RULES`.
+whose :func:`~tpu_inductor.analysis.padding_rules.rule` registers both.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch.fx
 
 from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION, flash_attention_flags
 from tpu_inductor.passes.padded_positions import concatenation_parts, index_put_rows, realigned_read
+from tpu_inductor.analysis.padding_rules import rule
 from tpu_inductor.analysis.padding_safety import (
     _ONE,
     Layout,
@@ -36,12 +37,9 @@ from tpu_inductor.analysis.padding_safety import (
 aten = torch.ops.aten
 
 
+@rule(aten.slice.Tensor, reads_layout=True)
 def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not aten.slice.Tensor:
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     rank = len(source)
     d = _norm(_arg(node, "dim", 1, 0), rank)
     start = _arg(node, "start", 2, None)
@@ -77,12 +75,9 @@ def _rule_slice(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
     return ()
 
 
+@rule(aten.select.int, reads_layout=True)
 def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not aten.select.int:
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     d = _norm(node.args[1], len(source))
     index = node.args[2]
     # A static position, or one counted from the real end (passes/padded_positions.py).
@@ -92,12 +87,9 @@ def _rule_select(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[st
     return ("index",)
 
 
+@rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, reads_layout=True)
 def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int):
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     index = 1 if target is aten.unbind.int else 2
     d = _norm(_arg(node, "dim", index, 0), len(source))
     a.mark(_sym_syms(source[d]), "splits it")
@@ -113,9 +105,8 @@ def _rule_split(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
     return ()
 
 
+@rule(aten.cat.default, aten.stack.default)
 def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target not in (aten.cat.default, aten.stack.default):
-        return None
     out = node.meta["val"]
     if target is aten.cat.default:
         d, parts = concatenation_parts(node)
@@ -145,9 +136,8 @@ def _rule_cat(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, 
     return ()
 
 
+@rule(CPU_FLASH_ATTENTION)
 def _rule_attention(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
-    if target is not CPU_FLASH_ATTENTION:
-        return None
     q, k, v = (a.layout(x) for x in node.args[:3])
     if q is None or k is None or v is None or not len(q) == len(k) == len(v) == 4:
         a._unknown(node)
@@ -198,16 +188,13 @@ def _index_rows(a: _Analyzer, node: torch.fx.Node, indices: Sequence[Any]) -> Op
     return a.broadcast_layout(tensors, shape, "indexes with differently laid out index tensors")
 
 
+@rule(aten.index.Tensor, reads_layout=True)
 def _rule_index(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     """``x[..., idx, ...]``: a gather. Indices are data: within the real
     size (eager raises otherwise; passes/wrap_negative_indices.py counts a
     negative one from the real end), so a padded source dim is only read at
     real positions; the output's rows are the index tensors' positions."""
-    if target is not aten.index.Tensor:
-        return None
     source = a.source_layout(node)
-    if source is None:
-        return ()
     indices = list(node.args[1])
     rows = _index_rows(a, node, indices)
     if rows is None:
@@ -226,13 +213,12 @@ def _rule_index(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
     return ()
 
 
+@rule(aten.index_put.default, aten._unsafe_index_put.default)
 def _rule_index_put(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str, ...]]:
     """``x[..., idx] = values``: positions of ``x`` are kept, and writes land
     at data positions within the real size (as for a gather). Padded rows of
     one 1-d index and its values write duplicates of the last real row (or
     add zeros) instead: passes/padded_positions.py."""
-    if target not in (aten.index_put.default, aten._unsafe_index_put.default):
-        return None
     source = a.source_layout(node)
     values = a.layout(node.args[2])
     if source is None or values is None:

@@ -318,12 +318,12 @@ class _Analyzer:
         if target is aten.copy.default:
             self._pointwise(node)
             return ()
-        from tpu_inductor.analysis.padding_rules import RULES  # they read this module
+        # The rules read this module; importing both registers every rule.
+        from tpu_inductor.analysis import padding_rules, padding_rules_positions  # noqa: F401
 
-        for rule in RULES:
-            handled = rule(self, node, target)
-            if handled is not None:
-                return handled
+        rule = padding_rules.RULES.get(target)
+        if rule is not None:
+            return rule(self, node, target)
         if torch.Tag.pointwise in target.tags and isinstance(node.meta.get("val"), torch.Tensor):
             self._pointwise(node)
             return ()

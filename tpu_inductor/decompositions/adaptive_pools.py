@@ -73,6 +73,18 @@ def _gather_windows(t: torch.Tensor, dim: int, positions: torch.Tensor) -> torch
     return gathered.movedim(dim + 1, -1)
 
 
+def _windows(
+    t: torch.Tensor, dim: int, size: int, out: int
+) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``t``'s windows along ``dim`` (:func:`_gather_windows`) with the positions,
+    real mask and lengths of :func:`_window_positions`; None when the gathered
+    windows would pass :data:`_MAX_WINDOW_ELEMENTS`."""
+    positions, real, lengths, longest = _window_positions(size, out, t.device)
+    if t.numel() // size * out * longest > _MAX_WINDOW_ELEMENTS:
+        return None
+    return _gather_windows(t, dim, positions), positions, real, lengths
+
+
 def _flat_indices(sizes: list[int], device) -> torch.Tensor:
     """Row-major flat spatial index of each input position, shaped like the spatial dims."""
     total = 1
@@ -98,13 +110,13 @@ def _adaptive_max_pool(x: torch.Tensor, output_size: Sequence[int], spatial: int
     lead = x.dim() - spatial
     values = x
     indices = _flat_indices(sizes, x.device).expand(x.shape)
-    for j in reversed(range(spatial)):
-        dim = lead + j
-        positions, _, _, longest = _window_positions(sizes[j], outs[j], x.device)
-        if values.numel() // sizes[j] * outs[j] * longest > _MAX_WINDOW_ELEMENTS:
+    for dim in reversed(range(lead, x.dim())):
+        windows = _windows(values, dim, sizes[dim - lead], outs[dim - lead])
+        if windows is None:
             return NotImplemented
-        window = _gather_windows(values, dim, positions)  # output positions at ``dim``, window last
+        window, positions, _, _ = windows  # output positions at ``dim``, window last
         window_indices = _gather_windows(indices, dim, positions)
+        longest = window.shape[-1]
         nan = window.isnan()
         any_nan = nan.any(-1, keepdim=True)
         # NaN put in explicitly: XLA:CPU's max reduction of a gathered window
@@ -135,14 +147,13 @@ def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int], spatial: int
     lead = x.dim() - spatial
     total = x
     divisors = []
-    for j in reversed(range(spatial)):
-        dim = lead + j
-        positions, real, lengths, longest = _window_positions(sizes[j], outs[j], x.device)
-        if total.numel() // sizes[j] * outs[j] * longest > _MAX_WINDOW_ELEMENTS:
+    for dim in reversed(range(lead, x.dim())):
+        windows = _windows(total, dim, sizes[dim - lead], outs[dim - lead])
+        if windows is None:
             return NotImplemented
-        window = _gather_windows(total, dim, positions)  # output positions at ``dim``, window last
+        window, _, real, lengths = windows  # output positions at ``dim``, window last
         # [out, longest] against [..., out, <dims after dim>..., longest]
-        real = real.reshape(outs[j], *([1] * (window.dim() - dim - 2)), longest)
+        real = real.reshape(outs[dim - lead], *([1] * (window.dim() - dim - 2)), window.shape[-1])
         total = torch.where(real, window, 0).sum(-1)
         divisors.append((dim, lengths.to(x.dtype)))
     for dim, lengths in reversed(divisors):  # kD first, then kH, kW: eager's order

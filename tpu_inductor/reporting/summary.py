@@ -87,6 +87,13 @@ def _cut(lines: list[str]) -> list[str]:
     return lines[:_MAX_LINES] + [f"  ... {len(lines) - _MAX_LINES} more (see the JSON or HTML report)"]
 
 
+def _section(lines: list[str], title: str, rows: list[str]) -> None:
+    """Append ``title`` and its ``rows`` (cut at :data:`_MAX_LINES`); nothing without rows."""
+    if rows:
+        lines.append(title)
+        lines += _cut(rows)
+
+
 def first_line(text: Optional[str]) -> str:
     """Dynamo's reasons come with a user stack after the first line."""
     lines = (text or "").strip().splitlines()
@@ -117,24 +124,21 @@ def summarize(report: record.Report) -> str:
         f"{_plural(len(fallbacks), 'node')} in eager; cache {report.cache_hits()} hit(s), "
         f"{sum(misses.values())} miss(es); compile {sum(seconds.values()):.2f} s"
     ]
-    if report.graph_breaks:
-        lines.append("Graph breaks:")
-        lines += _cut([f"  {b.source or '?'}: {b.reason}" for b in report.graph_breaks])
-    rows = fallback_rows(report)
-    if rows:
-        lines.append("Ran in eager PyTorch (op x count, source, reason):")
-        lines += _cut(
-            [f"  {r.op} x{r.count} at {r.source or '?'} (graph {r.graph_id}): {r.reason}" for r in rows]
-        )
-    if recompiles:
-        lines.append("Recompiles:")
-        lines += _cut(
-            [
-                f"  {t.frame or 'trace ' + str(t.index)} [{t.compile_id}]: {first_line(t.reason)}"
-                for t in report.dynamo_recompiles()
-            ]
-            + [f"  graph {r.graph_id} ({r.kind}): {r.cause} -> {r.outcome}" for r in report.recompiles]
-        )
+    _section(lines, "Graph breaks:", [f"  {b.source or '?'}: {b.reason}" for b in report.graph_breaks])
+    _section(
+        lines,
+        "Ran in eager PyTorch (op x count, source, reason):",
+        [f"  {r.op} x{r.count} at {r.source or '?'} (graph {r.graph_id}): {r.reason}" for r in fallback_rows(report)],
+    )
+    _section(
+        lines,
+        "Recompiles:",
+        [
+            f"  {t.frame or 'trace ' + str(t.index)} [{t.compile_id}]: {first_line(t.reason)}"
+            for t in report.dynamo_recompiles()
+        ]
+        + [f"  graph {r.graph_id} ({r.kind}): {r.cause} -> {r.outcome}" for r in report.recompiles],
+    )
     if misses:
         lines.append("Cache misses: " + ", ".join(f"{reason} x{n}" for reason, n in misses.items()))
     if seconds:
@@ -142,35 +146,35 @@ def summarize(report: record.Report) -> str:
             "Compile time: "
             + ", ".join(f"{STAGE_LABELS.get(s, s)} {v:.2f} s" for s, v in ordered_stages(seconds))
         )
-    if report.graphs:
-        lines.append("Graphs:")
-        lines += _cut(
-            [
-                f"  #{g.graph_id} {g.kind}: {g.num_nodes} nodes, {_plural(len(g.islands), 'island')}, "
-                f"{len(g.fallbacks)} eager"
-                + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
-                + _kept(g)
-                + f", run {g.executions}x"
-                for g in report.graphs
-            ]
-        )
-    if report.dynamic_graphs:
-        lines.append("Dynamic graphs (calls on the device / in eager, padded dims):")
-        lines += _cut(
-            [
-                f"  #{d.graph_id} {d.kind}: {d.device_calls} / {d.eager_calls}, "
-                f"padded {', '.join(d.padded.values()) or 'none'}"
-                + (f"; exact {', '.join(d.exact)}" if d.exact else "")
-                for d in report.dynamic_graphs
-            ]
-        )
+    _section(
+        lines,
+        "Graphs:",
+        [
+            f"  #{g.graph_id} {g.kind}: {g.num_nodes} nodes, {_plural(len(g.islands), 'island')}, "
+            f"{len(g.fallbacks)} eager"
+            + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
+            + _kept(g)
+            + f", run {g.executions}x"
+            for g in report.graphs
+        ],
+    )
+    _section(
+        lines,
+        "Dynamic graphs (calls on the device / in eager, padded dims):",
+        [
+            f"  #{d.graph_id} {d.kind}: {d.device_calls} / {d.eager_calls}, "
+            f"padded {', '.join(d.padded.values()) or 'none'}"
+            + (f"; exact {', '.join(d.exact)}" if d.exact else "")
+            for d in report.dynamic_graphs
+        ],
+    )
     checked = [i for i in report.islands() if i.tpu_findings is not None]
     if checked:
         unexplained = [(i.name, f) for i in checked for f in i.tpu_findings if f["explained"] is None]
         verdict = f"{_plural(len(unexplained), 'finding')} a TPU could not run" if unexplained else "nothing found"
         lines.append(f"TPU readiness ({_plural(len(checked), 'island')} checked): {verdict}")
         lines += _cut([f"  {name}: {f['kind']} in {f['op']} ({f['detail']})" for name, f in unexplained])
-    if report.repros:
-        lines.append("Reproducers:")
-        lines += _cut([f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.path}" for r in report.repros])
+    _section(
+        lines, "Reproducers:", [f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.path}" for r in report.repros]
+    )
     return "\n".join(lines)
