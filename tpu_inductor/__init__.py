@@ -10,7 +10,7 @@ import sys
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "explain", "report", "tpu_backend"]
+__all__ = ["__version__", "explain", "report", "shard", "tpu_backend"]
 
 
 def __getattr__(name: str):
@@ -22,6 +22,10 @@ def __getattr__(name: str):
         from tpu_inductor.reporting.explain import explain
 
         return explain
+    if name == "shard":
+        from tpu_inductor.placement.shardings import shard
+
+        return shard
     if name == "report":
         import importlib
 

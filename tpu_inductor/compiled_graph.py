@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -21,18 +22,20 @@ import torch
 import torch.fx
 
 from tpu_inductor import report
+from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
 from tpu_inductor.errors import OutputMismatchError
 from tpu_inductor.lowering.cache import lower_cached
+from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
-from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
-from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
+from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands
 from tpu_inductor.placement.placement import Decision, place, record_eager
-from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
+from tpu_inductor.placement.shardings import batch_size, dynamo_inputs, hints_of, island_input_shardings
+from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
@@ -44,6 +47,8 @@ from tpu_inductor.runtime import (
 )
 from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.runtime.executable import TensorSpec
+from tpu_inductor.runtime.mesh import Mesh, Spec, mesh_over
+from tpu_inductor.runtime.sharded import ShardedExecutable, collectives
 from tpu_inductor.runtime.threads import eager_workers_compete
 
 log = logging.getLogger(__name__)
@@ -58,18 +63,28 @@ class CompileContext:
     support: SupportTable
     disk_cache: Optional[CacheDir]
     kernels: Optional[KernelChooser] = None
+    mesh: Optional[Mesh] = None
+    """The devices each island is partitioned over (``Config.mesh``); None: one device."""
+    hints: dict[int, Spec] = dataclasses.field(default_factory=dict)
+    """Dynamo input position -> the layout ``tpu_inductor.shard`` asked for."""
+    batch: Optional[int] = None
+    """The batch size a mesh's first axis splits (placement/shardings.py)."""
 
     @classmethod
     def create(cls, config: Config, example_inputs: Sequence[Any] = ()) -> "CompileContext":
         cache_dir = CacheDir.of(config) if config.cache else None
         platform_name = select_platform(config.platform, example_inputs)
-        platform = get_platform(platform_name, zero_copy=config.zero_copy)
+        size = math.prod(n for _, n in config.mesh)
+        platform = get_platform(platform_name, zero_copy=config.zero_copy, num_devices=size)
         return cls(
             config=config,
             platform=platform,
             support=_support_table(cache_dir),
             disk_cache=cache_dir,
             kernels=_kernel_chooser(platform, cache_dir) if config.eager_kernels else None,
+            mesh=mesh_over(config.mesh, platform) if config.mesh else None,
+            hints=hints_of(example_inputs, config.mesh) if config.mesh else {},
+            batch=batch_size(example_inputs) if config.mesh else None,
         )
 
     @property
@@ -235,8 +250,8 @@ def compile_graph(
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
         return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced)
-    frozen = parameters if kind == "inference" and context.config.freeze_parameters else ()
-    return _BoxedGraph(build_compiled_graph(gm, kind, context, frozen))
+    freeze = kind == "inference" and context.config.freeze_parameters
+    return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze))
 
 
 def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:
@@ -266,18 +281,28 @@ def parameter_inputs() -> tuple[int, ...]:
 
 
 def build_compiled_graph(
-    gm: torch.fx.GraphModule, kind: str, context: CompileContext, parameters: Sequence[int] = ()
+    gm: torch.fx.GraphModule,
+    kind: str,
+    context: CompileContext,
+    parameters: Sequence[int] = (),
+    *,
+    freeze: bool = False,
 ) -> torch.fx.GraphModule:
     """The static path of the pipeline (pipeline.py): stages, placement, one
-    executable per island. ``parameters``: positions of inputs whose
-    parameter-only computation may be kept between calls (``freeze_parameters``)."""
+    executable per island. ``parameters``: positions of the parameter inputs
+    (replicated on a mesh); ``freeze``: their parameter-only computation may
+    be kept between calls (``freeze_parameters``)."""
     gm = run_stages(gm, GraphFacts.of(context, symbolic=False))
     record = _graph_record(gm, kind)
     probe = functools.partial(_probe_lowers, context=context)
     support = graph_support(gm, context, probe)
     chosen = choose_eager_kernels(gm, context.kernels, support.lowers)
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    frozen = parameter_only_nodes(gm, [placeholders[i] for i in parameters]) if parameters else set()
+    inputs = dynamo_inputs(gm, kind)
+    parameter_nodes = [inputs[i] for i in parameters if i in inputs]
+    frozen = parameter_only_nodes(gm, parameter_nodes) if freeze and parameter_nodes else set()
+    layout = _Layout.of(context, parameter_nodes, {inputs[i]: spec for i, spec in context.hints.items() if i in inputs})
+    if layout is not None:
+        record.mesh = layout.mesh.describe()
     plan: Optional[PartitionPlan] = propose_islands(gm, place(gm, support, chosen, frozen))
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:
@@ -285,7 +310,7 @@ def build_compiled_graph(
         plan = None  # proposed again with them
 
     def build(island: Island) -> DeviceIsland:
-        executable, island_record = _compile_island(island, context, record)
+        executable, island_record = _compile_island(island, context, record, layout)
         return DeviceIsland(executable, island_record, aten_graph=island.graph, graph_record=record)
 
     plan, runners = lower_with_retries(
@@ -306,10 +331,30 @@ def build_compiled_graph(
     return fused
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How one graph's islands lie over the mesh (placement/shardings.py)."""
+
+    mesh: Mesh
+    parameters: frozenset
+    hints: dict
+    batch: Optional[int]
+
+    @classmethod
+    def of(cls, context: CompileContext, parameters, hints) -> Optional["_Layout"]:
+        if context.mesh is None:
+            return None
+        return cls(context.mesh, frozenset(parameters), hints, context.batch)
+
+    def input_shardings(self, island: Island) -> list[Spec]:
+        return island_input_shardings(island.inputs, self.mesh, self.parameters, self.hints, self.batch)
+
+
 def _compile_island(
-    island: Island, context: CompileContext, record: report.GraphRecord
-) -> tuple[DeviceExecutable, report.IslandRecord]:
-    """One island through both levels of the disk cache: ATen graph -> StableHLO -> executable."""
+    island: Island, context: CompileContext, record: report.GraphRecord, layout: Optional[_Layout] = None
+) -> tuple[Any, report.IslandRecord]:
+    """One island through both levels of the disk cache: ATen graph -> StableHLO
+    -> executable; with a ``layout``, one executable over the mesh's devices."""
     lowered, lower_stats = lower_cached(
         island.graph,
         context.disk_cache,
@@ -317,20 +362,28 @@ def _compile_island(
         for_cpu=context.platform.name == "cpu",
         isolate=context.config.isolate_lowering,
     )
+    module, mesh = lowered.module, None
+    if layout is not None:
+        mesh, shardings = layout.mesh, layout.input_shardings(island)
+        replicated = [(None,) * len(spec.shape) for spec in lowered.output_specs]
+        module = annotate_shardings(module, mesh.axes, shardings, replicated)
     loaded, stats = compile_stablehlo(
-        lowered.module,
+        module,
         context.platform,
         context.disk_cache,
         input_specs=lowered.input_specs,
         xla_flags=context.config.xla_flags,
+        mesh=mesh,
     )
-    executable = DeviceExecutable(
-        loaded,
-        context.platform,
-        lowered.output_specs,
-        name=f"{island.name} ({stats.key})",
-        input_specs=lowered.input_specs,
-    )
+    name = f"{island.name} ({stats.key})"
+    if layout is not None:
+        executable: Any = ShardedExecutable(
+            loaded, context.platform, mesh, lowered.input_specs, shardings, lowered.output_specs, name
+        )
+    else:
+        executable = DeviceExecutable(
+            loaded, context.platform, lowered.output_specs, name=name, input_specs=lowered.input_specs
+        )
     island_record = report.IslandRecord(
         name=island.name,
         num_nodes=len(island.nodes),
@@ -341,6 +394,12 @@ def _compile_island(
         lower_source=lower_stats.source,
         ops=hooks.op_counts(island.nodes),
     )
+    if layout is not None:
+        island_record.shardings = {
+            "inputs": [mesh.hlo_sharding(s) for s in shardings],
+            "outputs": [mesh.hlo_sharding(()) for _ in lowered.output_specs],
+        }
+        island_record.collectives = collectives(loaded)
     hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
     return executable, island_record
 

@@ -127,6 +127,16 @@ class Config:
     ``tpu_inductor-<time>-<pid>`` per process, plus reproducer bundles of
     failed lowerings. ``None``: no files. Env: ``TPU_INDUCTOR_REPORT_DIR``."""
 
+    mesh: tuple[tuple[str, int], ...] = dataclasses.field(default=(), metadata={"kind": "mesh"})
+    """A device mesh over the platform's devices, axis name to size, major
+    first: ``{"data": 4}`` or ``{"data": 2, "model": 2}``. Each island then
+    compiles once for all of its devices through XLA's SPMD partitioner:
+    parameters replicated, other inputs split along dim 0 over the first
+    axis (data parallel), results whole; ``tpu_inductor.shard`` changes a
+    parameter's layout. On the CPU client the mesh's devices are made in
+    the process. Empty: one device. Env: ``TPU_INDUCTOR_MESH``
+    (``data=2,model=2``)."""
+
     bucket_sizes: tuple[int, ...] = ()
     """Sizes a dynamic dim is padded up to (e.g. ``(16, 64, 256)``); empty means
     powers of two, or multiples of ``bucket_step``. A dim is padded only where
@@ -259,6 +269,13 @@ def _coerce(field: dataclasses.Field, raw: Any, origin: str) -> Any:
         if raw is None or (kind.startswith("Optional") and str(raw).strip().lower() in ("", "none")):
             return None
         return _count(raw, origin)
+    if field.metadata.get("kind") == "mesh":
+        from tpu_inductor.runtime.mesh import parse_mesh
+
+        try:
+            return parse_mesh(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
     if field.metadata.get("kind") == "size":
         try:
             return parse_size(raw)

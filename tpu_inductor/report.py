@@ -58,6 +58,12 @@ class IslandRecord:
     results_kept: bool = False
     """Computes from parameters only; its results are reused while those are
     unchanged (``freeze_parameters``), so ``executions`` counts recomputations."""
+    shardings: Optional[dict[str, list[str]]] = None
+    """On a device mesh: the HLO sharding of each input and output
+    (``{devices=[4,1]0,1,2,3}``, ``{replicated}``); None on one device."""
+    collectives: Optional[dict[str, int]] = None
+    """On a device mesh: the collectives XLA put in the compiled program
+    (``all-reduce``, ``all-gather``, ...), counted from its HLO."""
     tpu_findings: Optional[list[dict]] = None
     """What a TPU could not run in the island's module (lowering/tpu_readiness.py:
     ``kind``, ``op``, ``detail``, ``explained``); None when not checked."""
@@ -99,6 +105,8 @@ class GraphRecord:
     """Nodes that lower but run on PyTorch's kernel because it measured faster
     (placement/kernel_choice.py); a choice, not a fallback."""
     lowering_retries: int = 0
+    mesh: Optional[str] = None
+    """The device mesh its islands are partitioned over (``data=2,model=2``); None: one device."""
     trace_index: Optional[int] = None
     """The :class:`TraceRecord` (Dynamo graph) this ATen graph came from."""
     executions: int = 0

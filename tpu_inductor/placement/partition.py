@@ -93,6 +93,8 @@ class Island:
     graph: torch.fx.GraphModule
     owner: torch.fx.GraphModule
     """The graph the nodes belong to (to cut smaller pieces out of it)."""
+    inputs: tuple[torch.fx.Node, ...] = ()
+    """The owner graph's nodes the island reads, in the order of its placeholders."""
     frozen: bool = False
     """Computes only from parameters (analysis/frozen_parameters.py): its
     results may be kept between calls."""
@@ -127,10 +129,9 @@ def propose_islands(gm: torch.fx.GraphModule, placement: Placement) -> Partition
     for index, partition in enumerate(partitions):
         nodes = topo_sort(list(partition.nodes))
         name = f"{ISLAND_PREFIX}{index}"
-        sub_gm, _, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
-        islands.append(
-            Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, frozen=all(placement.frozen(n) for n in nodes))
-        )
+        sub_gm, inputs, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
+        frozen = all(placement.frozen(n) for n in nodes)
+        islands.append(Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, inputs=inputs, frozen=frozen))
     return PartitionPlan(islands=islands, partitions=partitions, placement=placement)
 
 

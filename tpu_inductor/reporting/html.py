@@ -106,6 +106,12 @@ def compile_time_chart(seconds: dict[str, float]) -> str:
     return "".join(parts)
 
 
+def _collectives(mesh: Optional[str], counts: Optional[dict[str, int]]) -> str:
+    if mesh is None:
+        return ""
+    return f"{mesh}: " + (", ".join(f"{name} x{n}" for name, n in sorted((counts or {}).items())) or "none")
+
+
 def _eager_nodes_table(rows) -> str:
     """Fallbacks or kernel choices: op, count, source line, reason, graph."""
     return _table(
@@ -226,7 +232,10 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
             "islands",
             "Device islands",
             _table(
-                ["graph", "island", "nodes", "StableHLO from", "executable from", "lower s", "compile s", "runs", "StableHLO"],
+                [
+                    "graph", "island", "nodes", "StableHLO from", "executable from", "lower s", "compile s", "runs",
+                    "mesh: collectives", "StableHLO",
+                ],
                 (
                     [
                         str(g.graph_id),
@@ -237,6 +246,7 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
                         f"{i.lower_seconds:.3f}",
                         f"{i.compile_seconds:.3f}",
                         f"{i.executions} (results kept)" if i.results_kept else str(i.executions),
+                        _e(_collectives(g.mesh, i.collectives)),
                         f'<a href="{_e(i.stablehlo_file)}">{_e(i.stablehlo_file)}</a>' if i.stablehlo_file else "",
                     ]
                     for g in report.graphs

@@ -108,6 +108,18 @@ def _kept(graph: record.GraphRecord) -> str:
     return f", parameter-only work kept ({'/'.join(str(i.executions) for i in kept)} computations)"
 
 
+def _on_mesh(graph: record.GraphRecord) -> str:
+    """``, mesh data=4 (all-reduce x1)``: the mesh and the collectives XLA inserted."""
+    if graph.mesh is None:
+        return ""
+    counts: dict[str, int] = {}
+    for island in graph.islands:
+        for name, count in (island.collectives or {}).items():
+            counts[name] = counts.get(name, 0) + count
+    inserted = ", ".join(f"{name} x{count}" for name, count in sorted(counts.items())) or "no collectives"
+    return f", mesh {graph.mesh} ({inserted})"
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
@@ -154,6 +166,7 @@ def summarize(report: record.Report) -> str:
             f"{len(g.fallbacks)} eager"
             + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
             + _kept(g)
+            + _on_mesh(g)
             + f", run {g.executions}x"
             for g in report.graphs
         ],

@@ -26,7 +26,9 @@ from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import transfer
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
+from tpu_inductor.runtime.mesh import Mesh
 from tpu_inductor.runtime.platform import Platform
+from tpu_inductor.runtime.sharded import spmd_compile_options
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +120,15 @@ class DeviceExecutable:
         self._outputs_checked = True
 
 
-def _compile_options() -> Any:
-    """The options every executable is compiled with (XLA's defaults)."""
-    return _jax.CompileOptions()
+def _compile_options(mesh: Optional[Mesh] = None) -> Any:
+    """The options an executable is compiled with: XLA's defaults, or SPMD
+    partitioning over ``mesh``'s devices."""
+    return spmd_compile_options(mesh) if mesh is not None else _jax.CompileOptions()
 
 
 @functools.cache
-def _compile_options_digest() -> str:
-    return hashlib.sha256(_compile_options().SerializeAsString()).hexdigest()[:16]
+def _compile_options_digest(mesh: Optional[Mesh] = None) -> str:
+    return hashlib.sha256(_compile_options(mesh).SerializeAsString()).hexdigest()[:16]
 
 
 def aval(spec: TensorSpec) -> str:
@@ -138,6 +141,7 @@ def executable_key(
     input_specs: Sequence[TensorSpec],
     platform: Platform,
     xla_flags: str = "",
+    mesh: Optional[Mesh] = None,
 ) -> CacheKey:
     """Everything that shapes the executable, grouped so a miss can say what changed."""
     data = module.encode() if isinstance(module, str) else module
@@ -152,7 +156,11 @@ def executable_key(
                 "device_kind": platform.device_kind,
                 "platform_version": platform.version,
             },
-            "options": {"compile_options_sha256": _compile_options_digest(), "xla_flags": xla_flags},
+            "options": {
+                "compile_options_sha256": _compile_options_digest(mesh),
+                "xla_flags": xla_flags,
+                **({"mesh": mesh.describe()} if mesh is not None else {}),
+            },
             "versions": key_versions(),
         },
     )
@@ -165,14 +173,16 @@ def compile_stablehlo(
     *,
     input_specs: Sequence[TensorSpec] = (),
     xla_flags: str = "",
+    mesh: Optional[Mesh] = None,
 ) -> tuple[Any, CompileStats]:
     """A loaded executable for ``module`` (StableHLO bytecode or text): from memory,
-    disk, or XLA. ``input_specs`` and ``xla_flags`` (``Config.xla_flags``) go into
+    disk, or XLA. ``input_specs``, ``xla_flags`` (``Config.xla_flags``) and the
+    ``mesh`` it is partitioned over (its shardings are in ``module``) go into
     the cache key."""
     started = time.perf_counter()
-    key = executable_key(module, input_specs, platform, xla_flags)
+    key = executable_key(module, input_specs, platform, xla_flags, mesh)
     digest = key.digest
-    devices = _jax.DeviceList((platform.device,))
+    devices = _jax.DeviceList(tuple(mesh.devices) if mesh is not None else (platform.device,))
     loaded = STATE.executables.get(digest)
     source = "memory"
     if loaded is None and disk_cache is not None:
@@ -188,7 +198,7 @@ def compile_stablehlo(
         source = "xla"
         compile_started = time.perf_counter()
         with report.stage("xla"):
-            loaded = platform.client.compile_and_load(module, devices, _compile_options())
+            loaded = platform.client.compile_and_load(module, devices, _compile_options(mesh))
         if disk_cache is not None:
             _store(disk_cache, key, module, loaded, platform, time.perf_counter() - compile_started)
     STATE.executables[digest] = loaded

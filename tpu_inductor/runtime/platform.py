@@ -58,8 +58,8 @@ class Platform:
         return str(self.client.platform_version)
 
 
-def _make_cpu_client() -> tuple[Any, int]:
-    """Our own CPU client, executing on the calling thread.
+def _make_cpu_client(num_devices: int = 1) -> tuple[Any, int]:
+    """Our own CPU client with ``num_devices`` devices, executing on the calling thread.
 
     jax's shared client dispatches asynchronously: the computation ends on an
     XLA worker thread, which then drops the DLPack references to the torch
@@ -80,7 +80,7 @@ def _make_cpu_client() -> tuple[Any, int]:
     threads, before = xla_cpu_threads(Config.load().pjrt_nproc), os.environ.get("PJRT_NPROC")
     os.environ["PJRT_NPROC"] = str(threads)
     try:
-        client = xla_client.make_cpu_client(asynchronous=False)
+        client = xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
     finally:
         if before is None:
             del os.environ["PJRT_NPROC"]
@@ -135,18 +135,22 @@ def _log_choice_once(name: str, why: str) -> None:
     log.info("tpu_inductor: running on PJRT platform %s (%s)", name, why)
 
 
-def get_platform(name: str, zero_copy: bool = True) -> Platform:
-    """The PJRT client for ``name``; raises with an install hint when missing."""
-    client, device, threads = _client(name)
+def get_platform(name: str, zero_copy: bool = True, num_devices: int = 1) -> Platform:
+    """The PJRT client for ``name``; raises with an install hint when missing.
+    ``num_devices``: how many devices the CPU client makes (a mesh's size);
+    other platforms have the devices they have."""
+    client, device, threads = _client(name, num_devices if name == "cpu" else 1)
     return Platform(name=name, client=client, device=device, xla_threads=threads, zero_copy=zero_copy)
 
 
 @functools.cache
-def _client(name: str) -> tuple[Any, Any, Optional[int]]:
+def _client(name: str, num_devices: int = 1) -> tuple[Any, Any, Optional[int]]:
     from jax._src import xla_bridge
 
     try:
-        client, threads = _make_cpu_client() if name == "cpu" else (xla_bridge.get_backend(name), None)
+        client, threads = (
+            _make_cpu_client(num_devices) if name == "cpu" else (xla_bridge.get_backend(name), None)
+        )
     except RuntimeError as exc:
         raise PlatformUnavailableError(
             f"PJRT platform {name!r} is not available here ({exc}). "

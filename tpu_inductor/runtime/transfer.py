@@ -49,14 +49,14 @@ class ResidentBuffers:
     def get(self, tensor: torch.Tensor, platform: Platform) -> Any:
         version = _version_of(tensor)
         if version is None:  # inference tensors have no version counter
-            return _upload(tensor, platform)
+            return upload(tensor, platform.device)
         key = id(tensor)
         entry = self._entries.get(key)
         if entry is not None:
             ref, seen_version, seen_ptr, buffer = entry
             if ref() is tensor and seen_version == version and seen_ptr == tensor.data_ptr():
                 return buffer
-        buffer = _upload(tensor, platform)
+        buffer = upload(tensor, platform.device)
         self.uploads[key] += 1
         self._entries[key] = (
             weakref.ref(tensor, lambda _, key=key: self._forget(key)),
@@ -173,14 +173,14 @@ def result_handler(shape: tuple[int, ...], dtype: torch.dtype, platform: Platfor
     from jax._src import core
 
     return _jax.array_result_handler(
-        core.ShapedArray(shape, _numpy_dtype(dtype)),
+        core.ShapedArray(shape, numpy_dtype(dtype)),
         jax.sharding.SingleDeviceSharding(platform.device),
         committed=True,
         _skip_checks=True,
     )
 
 
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     name = str(dtype).removeprefix("torch.")
     try:
         return np.dtype(name)
@@ -217,10 +217,11 @@ def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[Resid
         return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), device, None)
     if resident is not None:
         return resident.get(tensor, platform)
-    return _upload(tensor, platform)
+    return upload(tensor, platform.device)
 
 
-def _upload(tensor: torch.Tensor, platform: Platform) -> Any:
+def upload(tensor: torch.Tensor, device: Any) -> Any:
+    """A copy of ``tensor`` in a buffer on ``device``."""
     import jax
 
     host = tensor.detach().cpu()
@@ -233,7 +234,7 @@ def _upload(tensor: torch.Tensor, platform: Platform) -> Any:
     # jax canonicalises dtypes unless 64-bit types are on: without this an
     # int64 tensor would silently arrive as int32. The context is thread-local.
     with jax.enable_x64(True):
-        return jax.device_put(array, platform.device)
+        return jax.device_put(array, device)
 
 
 def to_torch(buffer: Any, platform: Platform) -> torch.Tensor:

@@ -1,0 +1,202 @@
+"""Several devices in one process: every island compiled once for a device mesh
+through XLA's SPMD partitioner (jaxlib's CPU client makes the devices).
+
+Each test compares against single-device eager PyTorch. The numbers alone
+would also match if everything ran on one device, so each test also checks
+the report: the islands were compiled for the mesh, with the shardings and
+the collectives XLA inserted (counted from the compiled HLO), and ``strict``
+makes any op left to eager an error.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+
+import tpu_inductor
+import tpu_inductor.report as report
+from tpu_inductor.config import Config
+from tpu_inductor.errors import ConfigError
+from tpu_inductor.process_state import STATE
+from tpu_inductor.runtime.mesh import Mesh, parse_mesh
+
+DATA4 = {"mesh": {"data": 4}, "strict": True}
+# One float32 ulp of the losses here is ~1e-7; partial sums add in another
+# order on each device count, so a few ulps apart.
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def transformer() -> torch.nn.Module:
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+    return torch.nn.Sequential(layer, torch.nn.Linear(32, 8))
+
+
+def _inputs(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(model[0], torch.nn.TransformerEncoderLayer):
+        return torch.randn(8, 6, 32), torch.randn(8, 6, 8)
+    return torch.randn(8, 16), torch.randn(8, 4)
+
+
+def train(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, steps: int = 5) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def graph(kind: str) -> report.GraphRecord:
+    return next(g for g in report.current().graphs if g.kind == kind)
+
+
+def hlo(island: report.IslandRecord) -> str:
+    """The compiled program of an island, as XLA optimised it."""
+    return "\n".join(m.to_string() for m in STATE.executables[island.cache_key].hlo_modules())
+
+
+def all_gathered_parameters(text: str) -> list[str]:
+    """The HLO parameters an all-gather reads directly."""
+    parameters = set(re.findall(r"(%[\w.-]+) = \S+ parameter\(\d+\)", text))
+    gathered = re.findall(r"all-gather(?:-start)?\((%[\w.-]+)", text)
+    return [name for name in gathered if name in parameters]
+
+
+# -- the mesh --------------------------------------------------------------------
+
+
+def test_the_mesh_is_an_option_and_an_environment_variable():
+    assert Config.load({"mesh": {"data": 2, "model": 2}}).mesh == (("data", 2), ("model", 2))
+    assert Config.load({}, environ={"TPU_INDUCTOR_MESH": "data=4"}).mesh == (("data", 4),)
+    assert Config.load({}, environ={}).mesh == ()
+    for bad in ("data", "data=0", "data=2,data=2", {"data": "x"}, 4):
+        with pytest.raises(ConfigError, match="mesh"):
+            Config.load({"mesh": bad})
+
+
+def test_shardings_name_the_devices_of_each_part():
+    mesh = Mesh(parse_mesh("data=2,model=2"), tuple(range(4)))
+    assert mesh.hlo_sharding(("data", None)) == "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}"
+    assert mesh.hlo_sharding((None, "model")) == "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"
+    assert mesh.hlo_sharding(("data", "model")) == "{devices=[2,2]0,1,2,3}"
+    assert mesh.hlo_sharding((None, None)) == "{replicated}"
+    x = torch.arange(16.0).reshape(4, 4)
+    # Device 1 is data 0, model 1: rows 0-1 whole, columns 2-3.
+    torch.testing.assert_close(mesh.shard(x, ("data", None), 1), x[:2])
+    torch.testing.assert_close(mesh.shard(x, (None, "model"), 1), x[:, 2:])
+    assert mesh.fit(("data",), (3, 4)) == (None, None)  # 2 does not divide 3: replicated
+
+
+def test_a_mesh_larger_than_the_platform_is_a_clear_error():
+    compiled = torch.compile(lambda a: a + 1, backend="tpu", options={"mesh": {"data": 4}, "platform": "cpu"})
+    compiled(torch.randn(8))  # the CPU client makes the mesh's devices
+    torch._dynamo.reset()
+    from tpu_inductor.runtime.mesh import mesh_over
+    from tpu_inductor.runtime.platform import get_platform
+
+    with pytest.raises(ConfigError, match="needs 8 devices.*'mesh' option"):
+        mesh_over((("data", 8),), get_platform("cpu", num_devices=4))
+
+
+# -- single controller: inference and training ---------------------------------
+
+
+@pytest.mark.parametrize("make", [mlp, transformer])
+def test_data_parallel_inference_matches_eager(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    x, _ = _inputs(model)
+    with torch.no_grad():
+        expected = model(x)
+        got = torch.compile(model, backend="tpu", options=DATA4)(x)
+    torch.testing.assert_close(got, expected, **TOLERANCE)
+    record = graph("inference")
+    assert record.mesh == "data=4" and record.islands and not record.fallbacks
+    assert "{devices=[4" in " ".join(record.islands[0].shardings["inputs"])  # the batch is split
+
+
+@pytest.mark.parametrize("make", [mlp, transformer])
+def test_data_parallel_training_matches_single_device_eager(make):
+    torch.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    x, target = _inputs(model)
+    compiled_losses = train(torch.compile(model, backend="tpu", options=DATA4), x, target)
+    eager_losses = train(reference, x, target)
+    torch.testing.assert_close(compiled_losses, eager_losses, **TOLERANCE)
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, expected, **TOLERANCE)
+    backward = graph("backward")
+    assert backward.mesh == "data=4" and not backward.fallbacks
+    # The gradients of the split batch are summed by XLA's all-reduce
+    # (XLA:CPU combines them into one), and no parameter is gathered.
+    assert backward.islands[0].collectives.get("all-reduce", 0) >= 1
+    for island in graph("forward").islands + backward.islands:
+        assert all_gathered_parameters(hlo(island)) == []
+
+
+def test_data_parallel_mlp_backward_has_one_all_reduce_and_no_all_gather():
+    torch.manual_seed(0)
+    x, target = torch.randn(8, 16), torch.randn(8, 4)
+    train(torch.compile(mlp(), backend="tpu", options=DATA4), x, target, steps=1)
+    (island,) = graph("backward").islands
+    assert island.collectives == {"all-reduce": 1}
+    assert island.shardings["outputs"] == ["{replicated}"] * 4  # the four gradients, whole
+
+
+def test_a_shard_hint_splits_a_parameter_over_the_model_axis():
+    """Tensor parallel pair: the first Linear split by output features, the
+    second by input features, over ``model``; the batch over ``data``."""
+    torch.manual_seed(0)
+    model = mlp()
+    reference = copy.deepcopy(model)
+    tpu_inductor.shard(model[0].weight, ("model", None))
+    tpu_inductor.shard(model[0].bias, ("model",))
+    tpu_inductor.shard(model[2].weight, {"data": 2, "model": 2}, (None, "model"))  # the mesh may be named
+    x, target = _inputs(model)
+    options = {"mesh": {"data": 2, "model": 2}, "strict": True}
+    compiled_losses = train(torch.compile(model, backend="tpu", options=options), x, target)
+    torch.testing.assert_close(compiled_losses, train(reference, x, target), **TOLERANCE)
+    forward = graph("forward").islands[0]
+    assert "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}" in forward.shardings["inputs"]
+    assert forward.collectives  # the split matmuls' results meet in collectives
+
+
+def test_a_mesh_executable_comes_back_from_the_disk_cache(tmp_path):
+    torch.manual_seed(0)
+    model = mlp().eval()
+    x = torch.randn(8, 16)
+    options = {**DATA4, "cache": True, "cache_dir": str(tmp_path)}
+    STATE.reset()  # nothing from earlier tests in memory: the first compile stores its executable
+    with torch.no_grad():
+        first = torch.compile(model, backend="tpu", options=options)(x)
+        STATE.reset()
+        torch._dynamo.reset()
+        report.reset()
+        second = torch.compile(model, backend="tpu", options=options)(x)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    (island,) = graph("inference").islands
+    assert island.compile_source == "disk" and island.collectives == {"all-gather": 1}
+
+
+def test_a_hint_for_another_mesh_or_axis_is_a_clear_error():
+    model = mlp()
+    tpu_inductor.shard(model[0].weight, {"data": 8}, ("data", None))
+    with pytest.raises(Exception, match="mesh {'data': 8}.*compiles for the mesh {'data': 4}"):
+        torch.compile(model, backend="tpu", options=DATA4)(torch.randn(8, 16))
+    torch._dynamo.reset()
+    tpu_inductor.shard(model[0].weight, ("model", None))
+    with pytest.raises(Exception, match=r"axes \['model'\] that the mesh"):
+        torch.compile(model, backend="tpu", options=DATA4)(torch.randn(8, 16))
+    with pytest.raises(TypeError, match="per dim"):
+        tpu_inductor.shard(model[0].weight, "model")

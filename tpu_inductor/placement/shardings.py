@@ -1,0 +1,122 @@
+"""How each island's arguments are laid out over the device mesh.
+
+Why: XLA's SPMD partitioner needs a sharding for every argument and result
+of an island (``Config.mesh``). The default is data parallel: parameters
+and buffers are replicated on every device, every other tensor whose dim 0
+is the batch (the size of dim 0 of the region's inputs that are not
+parameters) is split along it over the mesh's first axis, and results are
+replicated, so the graph around the island sees whole tensors.
+A training step then computes each device's share of the batch, and the
+gradients, replicated results, are summed by the all-reduce XLA inserts.
+A :func:`tpu_inductor.shard` hint on a parameter replaces its default.
+
+A sharding never changes the numbers a program computes, only where they
+are computed and what moves between devices, so a guess that does not fit
+(an activation whose dim 0 is not the batch) costs communication only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Mapping, Optional, Sequence
+
+import torch
+import torch.fx
+
+from tpu_inductor.errors import ConfigError
+from tpu_inductor.runtime.mesh import Mesh, Spec, parse_mesh
+
+_HINT = "_tpu_inductor_spec"
+
+
+def shard(tensor: torch.Tensor, *mesh_and_spec: Any) -> torch.Tensor:
+    """``shard(tensor, spec)`` or ``shard(tensor, mesh, spec)``: ask for ``tensor``
+    (a parameter or an input) to be laid out over the mesh as ``spec`` says:
+    per dim, the mesh axis it is split over, or None.
+
+    ``tpu_inductor.shard(layer.weight, ("model", None))`` splits a Linear's
+    output features over the ``model`` axis (tensor parallel). ``mesh``, when
+    given (``{"data": 2, "model": 2}``, as the option is written), must be the
+    one the graph is compiled with. Read when a graph is compiled with the
+    ``mesh`` option; a dim the axis does not divide is replicated. Returns
+    ``tensor``.
+    """
+    if len(mesh_and_spec) not in (1, 2):
+        raise TypeError("shard(tensor, spec) or shard(tensor, mesh, spec)")
+    spec = mesh_and_spec[-1]
+    mesh = parse_mesh(mesh_and_spec[0]) if len(mesh_and_spec) == 2 else None
+    if isinstance(spec, str) or not all(axis is None or isinstance(axis, str) for axis in spec):
+        raise TypeError(f"a spec names a mesh axis (str) or None per dim, such as ('model', None); got {spec!r}")
+    setattr(tensor, _HINT, (mesh, tuple(spec)))
+    return tensor
+
+
+def hints_of(example_inputs: Sequence[Any], mesh: tuple[tuple[str, int], ...]) -> dict[int, Spec]:
+    """Input position -> the spec :func:`shard` put on that (real) input; a hint
+    made for another mesh than ``mesh`` (``Config.mesh``) is a clear error."""
+    hints = {}
+    for position, tensor in enumerate(example_inputs):
+        if not hasattr(tensor, _HINT):
+            continue
+        hinted_mesh, spec = getattr(tensor, _HINT)
+        if hinted_mesh is not None and hinted_mesh != mesh:
+            raise ConfigError(
+                f"tpu_inductor.shard was given the mesh {dict(hinted_mesh)} for a tensor of shape "
+                f"{tuple(tensor.shape)}, but the graph compiles for the mesh {dict(mesh)} (the 'mesh' "
+                "option, TPU_INDUCTOR_MESH); give both the same mesh"
+            )
+        unknown = [axis for axis in spec if axis is not None and axis not in dict(mesh)]
+        if unknown:
+            raise ConfigError(
+                f"tpu_inductor.shard names mesh axes {unknown} that the mesh {dict(mesh)} does not have "
+                f"(a tensor of shape {tuple(tensor.shape)})"
+            )
+        hints[position] = spec
+    return hints
+
+
+def dynamo_inputs(gm: torch.fx.GraphModule, kind: str) -> dict[int, torch.fx.Node]:
+    """Dynamo input position -> its placeholder in an ATen graph of ``kind``.
+
+    An inference or forward graph's first placeholders are Dynamo's inputs
+    in order (AOTAutograd's primals); a backward graph reads the primals it
+    saved under their forward names (``primals_<position + 1>``), beside
+    activations and tangents."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if kind != "backward":
+        return dict(enumerate(placeholders))
+    by_name = {node.name: node for node in placeholders}
+    saved = (int(name.removeprefix("primals_")) - 1 for name in by_name if name.startswith("primals_"))
+    return {position: by_name[f"primals_{position + 1}"] for position in saved}
+
+
+def island_input_shardings(
+    inputs: tuple[torch.fx.Node, ...],
+    mesh: Mesh,
+    parameters: Collection[torch.fx.Node],
+    hints: Mapping[torch.fx.Node, Spec],
+    batch: Optional[int],
+) -> list[Spec]:
+    """One spec per island input (the owner graph's nodes it reads), in order.
+    ``batch``: the batch size (:func:`batch_size`), None when not known."""
+    specs = []
+    for node in inputs:
+        value = node.meta.get("val")
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+        if node in hints:
+            specs.append(mesh.fit(hints[node], shape))
+        elif node not in parameters and shape and shape[0] == batch:
+            specs.append(mesh.fit((mesh.batch_axis,), shape))
+        else:
+            specs.append(mesh.fit((), shape))
+    return specs
+
+
+def batch_size(example_inputs: Sequence[Any]) -> Optional[int]:
+    """The size of dim 0 shared by the region's tensor inputs that are not
+    parameters (Dynamo's real example inputs); None when they disagree."""
+    sizes = {
+        x.shape[0]
+        for x in example_inputs
+        if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter) and x.dim() > 0
+    }
+    return sizes.pop() if len(sizes) == 1 else None

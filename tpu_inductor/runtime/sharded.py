@@ -1,0 +1,123 @@
+"""One executable over every device of a mesh, called with whole torch tensors.
+
+Why: with a device mesh (``Config.mesh``) XLA's SPMD partitioner compiles
+each island once for all devices (lowering/sharding_annotations.py annotates it,
+:func:`spmd_compile_options` asks for the partitioning). The graph around
+the island still passes whole tensors: :class:`ShardedExecutable` cuts each
+argument into the parts its sharding gives each device (on the CPU client,
+views of torch's memory through DLPack), runs the program once on all
+devices, and hands back the results, which are replicated, from the first
+device. :func:`collectives` counts what XLA inserted, for the report.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from jaxlib import _hlo, _jax
+from torch.utils.dlpack import to_dlpack
+
+from tpu_inductor.runtime.mesh import Mesh, Spec
+from tpu_inductor.runtime.platform import Platform
+from tpu_inductor.runtime import transfer
+
+_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+
+
+def spmd_compile_options(mesh: Mesh) -> Any:
+    """Compile options for one program partitioned over ``mesh``'s devices (one replica)."""
+    options = _jax.CompileOptions()
+    options.num_replicas = 1
+    options.num_partitions = mesh.size
+    build = options.executable_build_options
+    build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = True  # the annotations are Shardy's (lowering/sharding_annotations.py)
+    options.device_assignment = _jax.DeviceAssignment.create(
+        np.array([[device.id for device in mesh.devices]], dtype=np.int32)
+    )
+    return options
+
+
+def collectives(loaded: Any) -> dict[str, int]:
+    """How many of each collective XLA put in the compiled program."""
+    text = "\n".join(module.to_string() for module in loaded.hlo_modules())
+    return dict(collections.Counter(match.group(1) for match in _COLLECTIVE.finditer(text)))
+
+
+class ShardedExecutable:
+    """A loaded SPMD executable: whole tensors in, whole (replicated) tensors out."""
+
+    def __init__(
+        self,
+        loaded: Any,
+        platform: Platform,
+        mesh: Mesh,
+        input_specs: Sequence[Any],
+        input_shardings: Sequence[Spec],
+        output_specs: Sequence[Any],
+        name: str,
+    ) -> None:
+        from jax._src import core
+
+        self._loaded = loaded
+        self._platform = platform
+        self._mesh = mesh
+        self.input_specs = tuple(input_specs)
+        self._output_specs = tuple(output_specs)
+        self._input_shardings = tuple(input_shardings)
+        self.name = name
+        devices = _jax.DeviceList(tuple(mesh.devices))
+        self._global = [
+            (
+                core.ShapedArray(spec.shape, transfer.numpy_dtype(spec.dtype)),
+                _jax.GSPMDSharding(devices, _hlo.HloSharding.from_string(mesh.hlo_sharding(sharding))),
+            )
+            for spec, sharding in zip(self.input_specs, self._input_shardings)
+        ]
+        self._outputs_checked = False
+
+    def run(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        arguments = []
+        for tensor, spec, sharding, (aval, global_sharding) in zip(
+            tensors, self.input_specs, self._input_shardings, self._global
+        ):
+            # A shard of another shape than compiled for crashes the process
+            # inside PJRT, so the shapes are checked on every call.
+            if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
+                raise ValueError(f"{self.name}: input {tuple(tensor.shape)} {tensor.dtype}, compiled for {spec}")
+            parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
+            arguments.append(_jax.ArrayImpl(aval, global_sharding, parts, True))
+        results = self._loaded.execute_sharded(arguments).disassemble_into_single_device_arrays()
+        outputs = [self._to_torch(per_device[0]) for per_device in results]
+        if not self._outputs_checked:
+            self._check_outputs(outputs)
+        return outputs
+
+    __call__ = run
+
+    def _to_device(self, part: torch.Tensor, device: Any) -> Any:
+        part = part.detach().contiguous()
+        if self._platform.shares_host_memory:
+            return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(part), device, None)
+        return transfer.upload(part, device)
+
+    def _to_torch(self, array: Any) -> torch.Tensor:
+        if self._platform.shares_host_memory:
+            return transfer.host_tensor(array)  # each device holds its own copy
+        return transfer.to_torch(array, self._platform)
+
+    def _check_outputs(self, outputs: list[torch.Tensor]) -> None:
+        from tpu_inductor.errors import OutputMismatchError
+
+        got = [(tuple(o.shape), o.dtype) for o in outputs]
+        expected = [(s.shape, s.dtype) for s in self._output_specs]
+        if got != expected:
+            raise OutputMismatchError(
+                f"{self.name}: the devices returned {got} but the graph promises {expected}; "
+                "refusing a silently different result"
+            )
+        self._outputs_checked = True
