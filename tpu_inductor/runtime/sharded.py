@@ -30,14 +30,19 @@ _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|co
 
 def spmd_compile_options(mesh: Mesh) -> Any:
     """Compile options for one program partitioned over ``mesh``'s devices (one replica)."""
+    return spmd_options(mesh.devices)
+
+
+def spmd_options(devices: Sequence[Any]) -> Any:
+    """Compile options for one program partitioned over ``devices``, in order."""
     options = _jax.CompileOptions()
     options.num_replicas = 1
-    options.num_partitions = mesh.size
+    options.num_partitions = len(devices)
     build = options.executable_build_options
     build.use_spmd_partitioning = True
     build.use_shardy_partitioner = True  # the annotations are Shardy's (lowering/sharding_annotations.py)
     options.device_assignment = _jax.DeviceAssignment.create(
-        np.array([[device.id for device in mesh.devices]], dtype=np.int32)
+        np.array([[device.id for device in devices]], dtype=np.int32)
     )
     return options
 
