@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -355,6 +356,8 @@ def _compile_island(
 ) -> tuple[Any, report.IslandRecord]:
     """One island through both levels of the disk cache: ATen graph -> StableHLO
     -> executable; with a ``layout``, one executable over the mesh's devices."""
+    if island.collective:
+        return _compile_collective(island)
     lowered, lower_stats = lower_cached(
         island.graph,
         context.disk_cache,
@@ -401,6 +404,30 @@ def _compile_island(
         }
         island_record.collectives = collectives(loaded)
     hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
+    return executable, island_record
+
+
+def _compile_collective(island: Island) -> tuple[Any, report.IslandRecord]:
+    """A functional collective's island: its program over every rank (runtime/collectives.py)."""
+    from tpu_inductor.runtime import collectives, distributed
+
+    started = time.perf_counter()
+    (node,) = (n for n in island.nodes if n.target in collectives.LOWERED)
+    collective = collectives.Collective.of(node)
+    executable = collectives.CollectiveExecutable(
+        collective, distributed.runtime(), f"{island.name} ({collective.describe()})"
+    )
+    island_record = report.IslandRecord(
+        name=island.name,
+        num_nodes=len(island.nodes),
+        compile_source="xla",
+        lower_seconds=0.0,
+        compile_seconds=time.perf_counter() - started,
+        cache_key=collective.describe(),
+        lower_source="collective",
+        ops=hooks.op_counts(island.nodes),
+        collectives=executable.collectives,
+    )
     return executable, island_record
 
 

@@ -34,6 +34,10 @@ class OutputMismatchError(LoweringError):
     its island runs eagerly instead (a wrong result is never returned)."""
 
 
+class RanksDisagreeError(TpuInductorError):
+    """Under torchrun, the ranks compiled different collectives: running them would hang."""
+
+
 class RecompileBudgetError(TpuInductorError):
     """A dynamic graph needs more executables than ``recompile_budget`` and ``strict`` is on."""
 

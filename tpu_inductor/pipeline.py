@@ -28,7 +28,7 @@ import torch.fx
 from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor import report
-from tpu_inductor.errors import LoweringError, describe_node
+from tpu_inductor.errors import LoweringError, RanksDisagreeError, describe_node
 from tpu_inductor.placement.culprits import find_culprits, recheck_learned
 from tpu_inductor.placement.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
@@ -263,6 +263,8 @@ def lower_with_retries(
         for island in plan.islands:
             try:
                 built[island.name] = build(island)
+            except RanksDisagreeError:  # no retry can make the ranks agree
+                raise
             except Exception as exc:  # torch-mlir, refinement and XLA raise many types
                 failure = (island, exc)
                 break

@@ -48,7 +48,9 @@ class IslandRecord:
     compile_seconds: float
     cache_key: str
     lower_source: str = "torch-mlir"
-    """``torch-mlir`` (lowered now) or ``disk`` (StableHLO from the graph cache)."""
+    """``torch-mlir`` (lowered now), ``disk`` (StableHLO from the graph cache),
+    ``refined`` (a dynamic-shape module specialised) or ``collective`` (a
+    functional collective under torchrun, runtime/collectives.py)."""
     ops: dict[str, int] = dataclasses.field(default_factory=dict)
     """ATen op -> how many nodes of it the island runs on the device."""
     executions: int = 0

@@ -95,6 +95,8 @@ class Island:
     """The graph the nodes belong to (to cut smaller pieces out of it)."""
     inputs: tuple[torch.fx.Node, ...] = ()
     """The owner graph's nodes the island reads, in the order of its placeholders."""
+    collective: bool = False
+    """One functional collective, run in XLA over every rank (runtime/collectives.py)."""
     frozen: bool = False
     """Computes only from parameters (analysis/frozen_parameters.py): its
     results may be kept between calls."""
@@ -131,7 +133,10 @@ def propose_islands(gm: torch.fx.GraphModule, placement: Placement) -> Partition
         name = f"{ISLAND_PREFIX}{index}"
         sub_gm, inputs, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
         frozen = all(placement.frozen(n) for n in nodes)
-        islands.append(Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, inputs=inputs, frozen=frozen))
+        collective = any(placement.collective(n) for n in nodes)
+        islands.append(
+            Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, inputs=inputs, frozen=frozen, collective=collective)
+        )
     return PartitionPlan(islands=islands, partitions=partitions, placement=placement)
 
 
@@ -157,6 +162,7 @@ def _partitions_by_eager_depth(gm: torch.fx.GraphModule, placement: Placement) -
     """
     level: dict[torch.fx.Node, int] = {}
     group: dict[torch.fx.Node, tuple[int, bool]] = {}  # supported node -> its island: (level, not frozen)
+    collectives: list[torch.fx.Node] = []
 
     def after(node: torch.fx.Node) -> int:
         """The first island that may run after ``node``."""
@@ -172,7 +178,12 @@ def _partitions_by_eager_depth(gm: torch.fx.GraphModule, placement: Placement) -
             if producer in group:
                 group[node] = group[producer]
             continue
-        if placement.on_device(node):
+        if placement.collective(node):
+            # An island of its own, which the levels see as an eager node: what
+            # it reads and what reads it are in different islands.
+            level[node] = max((after(m) for m in node.all_input_nodes), default=0)
+            collectives.append(node)
+        elif placement.on_device(node):
             inputs = node.all_input_nodes
             level[node] = max((level[m] if m in group else after(m) for m in inputs), default=0)
             group[node] = (level[node], not placement.frozen(node))
@@ -182,7 +193,8 @@ def _partitions_by_eager_depth(gm: torch.fx.GraphModule, placement: Placement) -
     by_island: dict[tuple[int, bool], list[torch.fx.Node]] = {}
     for node, island in group.items():
         by_island.setdefault(island, []).append(node)
-    return [Partition(id=index, nodes=by_island[island]) for index, island in enumerate(sorted(by_island))]
+    partitions = [Partition(id=index, nodes=by_island[island]) for index, island in enumerate(sorted(by_island))]
+    return partitions + [Partition(id=len(partitions) + i, nodes=[node]) for i, node in enumerate(collectives)]
 
 
 def _sink_input_only_work(gm: torch.fx.GraphModule, group: dict[torch.fx.Node, tuple[int, bool]]) -> None:

@@ -24,8 +24,10 @@ The sources, in the order they win (the first that says eager decides):
    ``data-dependent``, ``random``, ``learned failure``, and, for one graph,
    ``fails in this graph`` and ``tie order``.
 
-A device node is ``lowers``, or ``parameter-only`` (``freeze_parameters``:
-it gets an island of its own whose results are kept). After the partition,
+A device node is ``lowers``, ``parameter-only`` (``freeze_parameters``:
+it gets an island of its own whose results are kept), or ``collective``
+(under torchrun, a functional collective: an island of its own, compiled
+by runtime/collectives.py; its ``wait_tensor`` is ``collective done``). After the partition,
 device nodes that joined no island (views and 0-d arithmetic, not worth a
 device call) run eagerly as bookkeeping, unrecorded.
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ON_DEVICE = ("lowers", "parameter-only")
+ON_DEVICE = ("lowers", "parameter-only", "collective")
 FALLBACKS = (
     "unsupported",
     "data-dependent",
@@ -69,7 +71,7 @@ FALLBACKS = (
 """Eager because the device cannot (or may not) run it: the report's ``fallbacks``."""
 CHOICES = ("chosen by measurement", "in-place update graph")
 """Eager on purpose, though it would lower: the report's ``eager_kernels``."""
-BOOKKEEPING = ("host constant",)
+BOOKKEEPING = ("host constant", "collective done")
 """Eager, feeding the device; neither a fallback nor a choice."""
 WHYS = ON_DEVICE + FALLBACKS + CHOICES + BOOKKEEPING
 
@@ -91,6 +93,8 @@ class Decision:
 
 LOWERS = Decision("lowers")
 PARAMETER_ONLY = Decision("parameter-only", "computed from parameters alone; its results are kept")
+COLLECTIVE = Decision("collective", "runs in XLA over every rank's device (PJRT's distributed runtime)")
+COLLECTIVE_DONE = Decision("collective done", "the collective it waits for ran in XLA: nothing to wait for")
 
 
 @dataclasses.dataclass
@@ -107,6 +111,9 @@ class Placement:
 
     def frozen(self, node: torch.fx.Node) -> bool:
         return self.of(node) is PARAMETER_ONLY
+
+    def collective(self, node: torch.fx.Node) -> bool:
+        return self.of(node).why == "collective"
 
     def eager(self, kinds: Collection[str]) -> list[tuple[torch.fx.Node, Decision]]:
         """The nodes decided eager for one of ``kinds``, in graph order."""
@@ -137,10 +144,29 @@ def place(
             decision = Decision("host constant", hazards[node])
         elif node in chosen:
             decision = Decision("chosen by measurement", chosen[node])
+        elif isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "_c10d_functional":
+            decision = _collective(node, decisions) or support.decide(node) or LOWERS
         else:
             decision = support.decide(node) or (PARAMETER_ONLY if node in frozen else LOWERS)
         decisions[node] = decision
     return Placement(decisions)
+
+
+def _collective(node: torch.fx.Node, decided: Mapping[torch.fx.Node, Decision]) -> Optional[Decision]:
+    """A functional collective under torchrun runs in XLA over every rank
+    (runtime/collectives.py), and the ``wait_tensor`` on its result has
+    nothing left to wait for; None where the process group keeps it."""
+    from tpu_inductor.runtime import collectives, distributed
+
+    if not distributed.active():
+        return None
+    if node.target is collectives.WAIT:
+        source = node.args[0]
+        return COLLECTIVE_DONE if decided.get(source, LOWERS).why == "collective" else None
+    if node.target not in collectives.LOWERED:
+        return None
+    why = collectives.why_not_lowered(node)
+    return Decision("unsupported", why) if why else COLLECTIVE
 
 
 # torch-mlir folds these wrongly when their input is a 0-d compile-time

@@ -1,0 +1,137 @@
+"""One rank of tests/test_distributed.py, started by torchrun.
+
+Runs one scenario (argv[1]) with backend="tpu" and writes what it saw to
+``<argv[2]>/rank<N>.json`` for the test to check: results against
+single-device eager, and the report's islands and fallbacks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import tpu_inductor
+
+OPTIONS = {"cache": False}
+
+
+def _report() -> dict:
+    graphs = tpu_inductor.report.current().graphs
+    return {
+        "collective_islands": [
+            {"ops": i.ops, "collectives": i.collectives} for g in graphs for i in g.islands if i.lower_source == "collective"
+        ],
+        "fallbacks": [f.op for g in graphs for f in g.fallbacks],
+    }
+
+
+def collectives(rank: int, world: int) -> dict:
+    def step(x, w):
+        y = funcol.all_reduce(x @ w, "sum", dist.group.WORLD)
+        gathered = funcol.all_gather_tensor(y.relu(), 0, dist.group.WORLD)
+        scattered = funcol.reduce_scatter_tensor(gathered * 2, "sum", 0, dist.group.WORLD)
+        return y, gathered, scattered
+
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8) + rank, torch.randn(8, 4)
+    expected = step(x, w)
+    got = torch.compile(step, backend="tpu", options=OPTIONS)(x, w)
+    return {"max_diff": max((a - b).abs().max().item() for a, b in zip(got, expected)), **_report()}
+
+
+def data_parallel(rank: int, world: int) -> dict:
+    """Each rank takes its half of the batch; gradients averaged in a compiled graph."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    x, target = torch.randn(8, 16), torch.randn(8, 4)
+    mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
+    compiled = torch.compile(model, backend="tpu", options=OPTIONS)
+
+    @torch.compile(backend="tpu", options=OPTIONS)
+    def average(grads):
+        return [funcol.all_reduce(g, "avg", dist.group.WORLD) for g in grads]
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses, reference_losses = [], []
+    for _ in range(5):
+        loss = torch.nn.functional.mse_loss(compiled(x[mine]), target[mine])
+        loss.backward()
+        for p, g in zip(model.parameters(), average([p.grad for p in model.parameters()])):
+            p.grad = g
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD).item())
+        reference_loss = torch.nn.functional.mse_loss(reference(x), target)
+        reference_loss.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        reference_losses.append(reference_loss.item())
+    parameter_diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return {"losses": losses, "reference_losses": reference_losses, "parameter_diff": parameter_diff, **_report()}
+
+
+def tensor_parallel(rank: int, world: int) -> dict:
+    """A Linear pair split colwise then rowwise through DTensor (parallelize_module)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    reference = copy.deepcopy(model)
+    parallelize_module(model, init_device_mesh("cpu", (world,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="tpu", options=OPTIONS)
+    with torch.no_grad():
+        inference_diff = (compiled(x) - reference(x)).abs().max().item()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses, reference_losses = [], []
+    for _ in range(5):
+        for m, opt, out in ((compiled, optimizer, losses), (reference, reference_optimizer, reference_losses)):
+            loss = torch.nn.functional.mse_loss(m(x), target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+    parameter_diff = max(
+        (a.full_tensor() - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())
+    )
+    return {
+        "max_diff": inference_diff,
+        "losses": losses,
+        "reference_losses": reference_losses,
+        "parameter_diff": parameter_diff,
+        **_report(),
+    }
+
+
+def different_graphs(rank: int, world: int) -> dict:
+    """Ranks that compile different collectives must get an error, not hang."""
+    x = torch.randn(4 if rank == 0 else 8)
+    try:
+        torch.compile(lambda a: funcol.all_reduce(a, "sum", dist.group.WORLD), backend="tpu", options=OPTIONS)(x)
+    except Exception as exc:  # Dynamo wraps the backend's error
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = globals()[scenario](rank, world)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

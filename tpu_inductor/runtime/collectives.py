@@ -1,0 +1,225 @@
+"""PyTorch's functional collectives as XLA programs over every rank's device.
+
+Why: under ``torchrun`` a graph that DTensor, tensor parallelism or a user's
+``funcol.all_reduce`` put collectives in should have XLA run them, over the
+PJRT distributed runtime (runtime/distributed.py), rather than the process
+group in eager. Each collective becomes one small program written in the
+global view that XLA's SPMD partitioner understands: the ranks' tensors are
+the rows of one array split over the ranks (``[world, *shape]``, one row per
+device), and the collective is what that array is turned into:
+
+* ``all_reduce(x, op)``: the rows reduced with ``op``, replicated;
+* ``all_gather_into_tensor(x)``: the rows concatenated along dim 0, replicated;
+* ``reduce_scatter_tensor(x, op)``: the rows reduced, then split along dim 0
+  over the ranks again.
+
+The partitioner turns each into its collective (all-reduce, all-gather,
+reduce-scatter), which runs over gloo between the processes. Each rank
+passes its own row and gets its own part back. Before the first compile of
+each collective the ranks compare what they compile through the store, so
+ranks that traced different graphs get an error naming both ops instead of
+a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from typing import Any, Optional
+
+import torch
+from jaxlib import _hlo, _jax
+from torch.utils.dlpack import to_dlpack
+
+from tpu_inductor.errors import LoweringError, RanksDisagreeError
+from tpu_inductor.runtime import transfer
+from tpu_inductor.runtime.distributed import DistributedRuntime, store
+from tpu_inductor.runtime.sharded import collectives as count_collectives, spmd_options
+
+log = logging.getLogger(__name__)
+
+c10d = torch.ops._c10d_functional
+LOWERED = {
+    c10d.all_reduce.default: "all_reduce",
+    c10d.all_gather_into_tensor.default: "all_gather_into_tensor",
+    c10d.reduce_scatter_tensor.default: "reduce_scatter_tensor",
+}
+"""The functional collectives that run in XLA; others stay with the process group."""
+WAIT = c10d.wait_tensor.default
+_REDUCTIONS = {"sum": "add", "avg": "add", "max": "maximum", "min": "minimum", "product": "multiply"}
+_MLIR_TYPES = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.int16: "i16",
+}
+_compiles = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One functional collective call: what is reduced or gathered, over the whole job."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    reduce_op: Optional[str] = None
+
+    @classmethod
+    def of(cls, node: torch.fx.Node) -> "Collective":
+        kind = LOWERED[node.target]
+        value = node.args[0].meta["val"]
+        reduce_op = node.args[1] if kind in ("all_reduce", "reduce_scatter_tensor") else None
+        return cls(kind, tuple(int(s) for s in value.shape), value.dtype, reduce_op)
+
+    def describe(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{self.kind}({dtype}[{','.join(map(str, self.shape))}]" + (f", {self.reduce_op})" if self.reduce_op else ")")
+
+
+def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
+    """None when this collective can run in XLA over every rank; else why not."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dtype not in _MLIR_TYPES or value.dim() == 0:
+        return "a collective of this value runs through the process group"
+    if LOWERED[node.target] != "all_gather_into_tensor":
+        reduce_op = node.args[1]
+        if reduce_op not in _REDUCTIONS or (reduce_op == "avg" and not value.dtype.is_floating_point):
+            return f"reduce op {reduce_op!r} of {value.dtype} runs through the process group"
+    group = _resolve_process_group(node.args[-1])
+    if dist.get_world_size(group) != dist.get_world_size():
+        return "a collective over a subgroup of the ranks runs through the process group"
+    return None
+
+
+def _program(collective: Collective, world: int) -> tuple[str, tuple[int, ...]]:
+    """The StableHLO text of ``collective`` in the global view, and the shape
+    of the part of its result each rank gets."""
+    element = _MLIR_TYPES[collective.dtype]
+    shape = collective.shape
+
+    def tensor(dims: tuple[int, ...]) -> str:
+        return f"tensor<{'x'.join(map(str, dims))}x{element}>"
+
+    rows = tensor((world, *shape))
+    if collective.kind == "all_gather_into_tensor":
+        out_shape = (world * shape[0], *shape[1:])
+        body = f"%r = stablehlo.reshape %x : ({rows}) -> {tensor(out_shape)}"
+        result, local = _sdy([None] * len(out_shape)), out_shape
+    else:
+        op, out_shape = _REDUCTIONS[collective.reduce_op], shape
+        body = (
+            f"%init = stablehlo.constant dense<{_identity(op, collective.dtype)}> : tensor<{element}>\n"
+            f"    %r = stablehlo.reduce(%x init: %init) applies stablehlo.{op} across dimensions = [0]"
+            f" : ({rows}, tensor<{element}>) -> {tensor(shape)}"
+        )
+        if collective.reduce_op == "avg":
+            body += (
+                f"\n    %n = stablehlo.constant dense<{float(world)}> : {tensor(shape)}"
+                f"\n    %mean = stablehlo.divide %r, %n : {tensor(shape)}"
+            )
+        if collective.kind == "reduce_scatter_tensor":
+            if shape[0] % world:
+                raise LoweringError(f"{collective.describe()}: dim 0 is not a multiple of the {world} ranks")
+            result, local = _sdy(["ranks"] + [None] * (len(shape) - 1)), (shape[0] // world, *shape[1:])
+        else:
+            result, local = _sdy([None] * len(shape)), shape
+    returned = "%mean" if collective.reduce_op == "avg" else "%r"
+    text = f"""module @collective attributes {{mhlo.num_partitions = {world} : i32, mhlo.num_replicas = 1 : i32}} {{
+  sdy.mesh @mesh = <["ranks"={world}]>
+  func.func public @main(%x: {rows} {{sdy.sharding = {_sdy(["ranks"] + [None] * len(shape))}}})
+      -> ({tensor(out_shape)} {{sdy.sharding = {result}}}) {{
+    {body}
+    return {returned} : {tensor(out_shape)}
+  }}
+}}
+"""
+    return text, local
+
+
+def _sdy(axes: list) -> str:
+    dims = ", ".join('{"ranks"}' if axis else "{}" for axis in axes)
+    return f"#sdy.sharding<@mesh, [{dims}]>"
+
+
+# -inf and +inf as each float type's bits (MLIR's dense literals take hex for them).
+_INFINITIES = {
+    torch.float32: ("0xFF800000", "0x7F800000"),
+    torch.float16: ("0xFC00", "0x7C00"),
+    torch.bfloat16: ("0xFF80", "0x7F80"),
+    torch.float64: ("0xFFF0000000000000", "0x7FF0000000000000"),
+}
+
+
+def _identity(op: str, dtype: torch.dtype) -> str:
+    """The value ``op`` starts its reduction from."""
+    if op in ("add", "multiply"):
+        one = "1" if op == "multiply" else "0"
+        return f"{one}.0" if dtype.is_floating_point else one
+    if dtype.is_floating_point:
+        return _INFINITIES[dtype][0 if op == "maximum" else 1]
+    info = torch.iinfo(dtype)
+    return str(info.min if op == "maximum" else info.max)
+
+
+class CollectiveExecutable:
+    """One compiled collective: this rank's tensor in, this rank's result out."""
+
+    def __init__(self, collective: Collective, runtime: DistributedRuntime, name: str) -> None:
+        from jax._src import core
+
+        from tpu_inductor.runtime.executable import TensorSpec
+
+        self.collective = collective
+        self.name = name
+        world = runtime.world_size
+        _agree_across_ranks(collective, runtime)
+        text, local_out = _program(collective, world)
+        devices = runtime.devices
+        self._loaded = runtime.client.compile_and_load(text, _jax.DeviceList(devices), spmd_options(devices))
+        self.collectives = count_collectives(self._loaded)
+        self._device = runtime.local_device
+        split = "{devices=[" + ",".join([str(world)] + ["1"] * len(collective.shape)) + "]" + ",".join(
+            map(str, range(world))
+        ) + "}"
+        self._aval = core.ShapedArray((world, *collective.shape), transfer.numpy_dtype(collective.dtype))
+        self._sharding = _jax.GSPMDSharding(_jax.DeviceList(devices), _hlo.HloSharding.from_string(split))
+        self.input_specs = (TensorSpec(collective.shape, collective.dtype),)
+        self.output_specs = (TensorSpec(local_out, collective.dtype),)
+
+    def run(self, tensor: torch.Tensor, *_: Any) -> list[torch.Tensor]:
+        row = tensor.detach().contiguous().unsqueeze(0)
+        local = _jax.dlpack_managed_tensor_to_buffer(to_dlpack(row), self._device, None)
+        argument = _jax.ArrayImpl(self._aval, self._sharding, [local], True, _skip_checks=True)
+        (result,) = self._loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
+        mine = next(a for a in result if a.device == self._device) if len(result) > 1 else result[0]
+        return [transfer.host_tensor(mine)]
+
+    __call__ = run
+
+
+def _agree_across_ranks(collective: Collective, runtime: DistributedRuntime) -> None:
+    """Every rank compiles the same collective as its n-th one, or all get an error naming both."""
+    import datetime
+
+    shared = store()
+    number = next(_compiles)
+    key = f"tpu_inductor/collective/{number}"
+    shared.set(f"{key}/{runtime.rank}", collective.describe())
+    keys = [f"{key}/{rank}" for rank in range(runtime.world_size)]
+    try:
+        shared.wait(keys, datetime.timedelta(seconds=60))
+    except Exception:
+        raise RanksDisagreeError(
+            f"tpu_inductor: rank {runtime.rank} compiles {collective.describe()} as its collective #{number}, "
+            "and not every rank reached a collective #{number} within 60 s: the ranks traced different graphs"
+        ) from None
+    seen = {rank: shared.get(k).decode() for rank, k in enumerate(keys)}
+    if len(set(seen.values())) > 1:
+        which = "; ".join(f"rank {rank}: {what}" for rank, what in seen.items())
+        raise RanksDisagreeError(
+            f"tpu_inductor: the ranks traced different graphs: their collective #{number} differs ({which}). "
+            "Every rank must run the same compiled collectives in the same order."
+        )
