@@ -1,7 +1,7 @@
 """One rank of tests/test_distributed.py, started by torchrun.
 
-Runs one scenario (argv[1]) with backend="tpu" and writes what it saw to
-``<argv[2]>/rank<N>.json`` for the test to check: results against
+Runs one scenario (argv[1], with its arguments after argv[2]) with
+backend="tpu" and writes what it saw to ``<argv[2]>/rank<N>.json`` for the test to check: results against
 single-device eager, and the report's islands and fallbacks.
 """
 
@@ -45,12 +45,17 @@ def collectives(rank: int, world: int) -> dict:
     return {"max_diff": max((a - b).abs().max().item() for a, b in zip(got, expected)), **_report()}
 
 
-def data_parallel(rank: int, world: int) -> dict:
+def data_parallel(rank: int, world: int, model_kind: str = "mlp") -> dict:
     """Each rank takes its half of the batch; gradients averaged in a compiled graph."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    if model_kind == "transformer":
+        layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        model = torch.nn.Sequential(layer, torch.nn.Linear(32, 4))
+        x, target = torch.randn(8, 6, 32), torch.randn(8, 6, 4)
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        x, target = torch.randn(8, 16), torch.randn(8, 4)
     reference = copy.deepcopy(model)
-    x, target = torch.randn(8, 16), torch.randn(8, 4)
     mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
     compiled = torch.compile(model, backend="tpu", options=OPTIONS)
 
@@ -124,10 +129,10 @@ def different_graphs(rank: int, world: int) -> dict:
 
 
 def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenario, out, extra = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = globals()[scenario](rank, world)
+    result = globals()[scenario](rank, world, *extra)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

@@ -24,11 +24,11 @@ COLLECTIVE_OPS = ("_c10d_functional.all_reduce", "_c10d_functional.all_gather_in
                   "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.wait_tensor")
 
 
-def run_ranks(scenario: str, tmp_path: Path, ranks: int = 2) -> list[dict]:
+def run_ranks(scenario: str, tmp_path: Path, *arguments: str, ranks: int = 2) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-         str(WORKER), scenario, str(tmp_path)],
+         str(WORKER), scenario, str(tmp_path), *arguments],
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -47,8 +47,9 @@ def test_functional_collectives_run_in_xla_across_processes(tmp_path):
         assert not [op for op in result["fallbacks"] if op.startswith(COLLECTIVE_OPS)]
 
 
-def test_data_parallel_training_averages_gradients_in_compiled_graphs(tmp_path):
-    for result in run_ranks("data_parallel", tmp_path):
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_data_parallel_training_averages_gradients_in_compiled_graphs(tmp_path, model):
+    for result in run_ranks("data_parallel", tmp_path, model):
         assert result["losses"] == pytest.approx(result["reference_losses"], rel=1e-5)
         assert result["parameter_diff"] < 1e-5
         assert lowered_collectives(result).count("all-reduce") >= 4  # one per gradient, at least
