@@ -35,7 +35,8 @@ from torch.utils.dlpack import to_dlpack
 from tpu_inductor.errors import LoweringError, RanksDisagreeError
 from tpu_inductor.runtime import transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
-from tpu_inductor.runtime.sharded import collectives as count_collectives, spmd_options
+from tpu_inductor.runtime.executable import spmd_options
+from tpu_inductor.runtime.sharded import collectives as count_collectives
 
 log = logging.getLogger(__name__)
 

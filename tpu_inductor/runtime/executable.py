@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from jaxlib import _jax
 
@@ -28,7 +29,6 @@ from tpu_inductor.runtime import transfer
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
 from tpu_inductor.runtime.mesh import Mesh
 from tpu_inductor.runtime.platform import Platform
-from tpu_inductor.runtime.sharded import spmd_compile_options
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,25 @@ class DeviceExecutable:
                 f"{list(self._output_specs)}; refusing a silently different result"
             )
         self._outputs_checked = True
+
+
+def spmd_compile_options(mesh: Mesh) -> Any:
+    """Compile options for one program partitioned over ``mesh``'s devices (one replica)."""
+    return spmd_options(mesh.devices)
+
+
+def spmd_options(devices: Sequence[Any]) -> Any:
+    """Compile options for one program partitioned over ``devices``, in order."""
+    options = _jax.CompileOptions()
+    options.num_replicas = 1
+    options.num_partitions = len(devices)
+    build = options.executable_build_options
+    build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = True  # the annotations are Shardy's (lowering/sharding_annotations.py)
+    options.device_assignment = _jax.DeviceAssignment.create(
+        np.array([[device.id for device in devices]], dtype=np.int32)
+    )
+    return options
 
 
 def _compile_options(mesh: Optional[Mesh] = None) -> Any:

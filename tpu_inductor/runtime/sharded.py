@@ -2,7 +2,7 @@
 
 Why: with a device mesh (``Config.mesh``) XLA's SPMD partitioner compiles
 each island once for all devices (lowering/sharding_annotations.py annotates it,
-:func:`spmd_compile_options` asks for the partitioning). The graph around
+``executable.spmd_compile_options`` asks for the partitioning). The graph around
 the island still passes whole tensors: :class:`ShardedExecutable` cuts each
 argument into the parts its sharding gives each device (on the CPU client,
 views of torch's memory through DLPack), runs the program once on all
@@ -16,35 +16,16 @@ import collections
 import re
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 from jaxlib import _hlo, _jax
 from torch.utils.dlpack import to_dlpack
 
+from tpu_inductor.runtime.executable import DeviceExecutable
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.platform import Platform
 from tpu_inductor.runtime import transfer
 
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
-
-
-def spmd_compile_options(mesh: Mesh) -> Any:
-    """Compile options for one program partitioned over ``mesh``'s devices (one replica)."""
-    return spmd_options(mesh.devices)
-
-
-def spmd_options(devices: Sequence[Any]) -> Any:
-    """Compile options for one program partitioned over ``devices``, in order."""
-    options = _jax.CompileOptions()
-    options.num_replicas = 1
-    options.num_partitions = len(devices)
-    build = options.executable_build_options
-    build.use_spmd_partitioning = True
-    build.use_shardy_partitioner = True  # the annotations are Shardy's (lowering/sharding_annotations.py)
-    options.device_assignment = _jax.DeviceAssignment.create(
-        np.array([[device.id for device in devices]], dtype=np.int32)
-    )
-    return options
 
 
 def collectives(loaded: Any) -> dict[str, int]:
@@ -53,7 +34,7 @@ def collectives(loaded: Any) -> dict[str, int]:
     return dict(collections.Counter(match.group(1) for match in _COLLECTIVE.finditer(text)))
 
 
-class ShardedExecutable:
+class ShardedExecutable(DeviceExecutable):
     """A loaded SPMD executable: whole tensors in, whole (replicated) tensors out."""
 
     def __init__(
@@ -68,13 +49,10 @@ class ShardedExecutable:
     ) -> None:
         from jax._src import core
 
-        self._loaded = loaded
-        self._platform = platform
+        super().__init__(loaded, platform, output_specs, name, input_specs)
+        self.run = self._run_on_mesh
         self._mesh = mesh
-        self.input_specs = tuple(input_specs)
-        self._output_specs = tuple(output_specs)
         self._input_shardings = tuple(input_shardings)
-        self.name = name
         devices = _jax.DeviceList(tuple(mesh.devices))
         self._global = [
             (
@@ -83,9 +61,8 @@ class ShardedExecutable:
             )
             for spec, sharding in zip(self.input_specs, self._input_shardings)
         ]
-        self._outputs_checked = False
 
-    def run(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    def _run_on_mesh(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         arguments = []
         for tensor, spec, sharding, (aval, global_sharding) in zip(
             tensors, self.input_specs, self._input_shardings, self._global
@@ -102,8 +79,6 @@ class ShardedExecutable:
             self._check_outputs(outputs)
         return outputs
 
-    __call__ = run
-
     def _to_device(self, part: torch.Tensor, device: Any) -> Any:
         part = part.detach().contiguous()
         if self._platform.shares_host_memory:
@@ -114,15 +89,3 @@ class ShardedExecutable:
         if self._platform.shares_host_memory:
             return transfer.host_tensor(array)  # each device holds its own copy
         return transfer.to_torch(array, self._platform)
-
-    def _check_outputs(self, outputs: list[torch.Tensor]) -> None:
-        from tpu_inductor.errors import OutputMismatchError
-
-        got = [(tuple(o.shape), o.dtype) for o in outputs]
-        expected = [(s.shape, s.dtype) for s in self._output_specs]
-        if got != expected:
-            raise OutputMismatchError(
-                f"{self.name}: the devices returned {got} but the graph promises {expected}; "
-                "refusing a silently different result"
-            )
-        self._outputs_checked = True
