@@ -1,7 +1,8 @@
 """One rank of tests/test_distributed.py, started by torchrun.
 
-Runs one scenario (argv[1], with its arguments after argv[2]) with
-backend="tpu" and writes what it saw to ``<argv[2]>/rank<N>.json`` for the test to check: results against
+Runs each scenario named after argv[1] (``name`` or ``name:argument``) with
+backend="tpu", one after the other, and writes what it saw to
+``<argv[1]>/<scenario>.rank<N>.json`` for the test to check: results against
 single-device eager, and the report's islands and fallbacks.
 """
 
@@ -129,12 +130,17 @@ def different_graphs(rank: int, world: int) -> dict:
 
 
 def main() -> None:
-    scenario, out, extra = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    """Each scenario in turn, in one process group (one torchrun start for all)."""
+    out, scenarios = Path(sys.argv[1]), sys.argv[2:]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = globals()[scenario](rank, world, *extra)
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
+    for scenario in scenarios:
+        name, *arguments = scenario.split(":")
+        torch._dynamo.reset()
+        tpu_inductor.report.reset()
+        result = globals()[name](rank, world, *arguments)
+        (out / f"{scenario.replace(':', '-')}.rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
     dist.destroy_process_group()
 
 
