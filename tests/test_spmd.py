@@ -200,3 +200,24 @@ def test_a_hint_for_another_mesh_or_axis_is_a_clear_error():
         torch.compile(model, backend="tpu", options=DATA4)(torch.randn(8, 16))
     with pytest.raises(TypeError, match="per dim"):
         tpu_inductor.shard(model[0].weight, "model")
+
+
+def test_a_hugging_face_causal_lm_trains_data_parallel():
+    """The batch is found among the inputs beside buffers (rotary inv_freq) and labels."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 128, (4, 16))
+    compiled = torch.compile(model, backend="tpu", options={"mesh": {"data": 2}, "strict": True})
+    for _ in range(2):
+        for m in (compiled, reference):
+            m(ids, labels=ids).loss.backward()
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-6)
+    assert "{devices=[2" in " ".join(graph("forward").islands[0].shardings["inputs"])
+    assert graph("backward").islands[0].collectives.get("all-reduce", 0) >= 1

@@ -69,7 +69,8 @@ class CompileContext:
     hints: dict[int, Spec] = dataclasses.field(default_factory=dict)
     """Dynamo input position -> the layout ``tpu_inductor.shard`` asked for."""
     batch: Optional[int] = None
-    """The batch size a mesh's first axis splits (placement/shardings.py)."""
+    """The batch size a mesh's first axis splits, read off the forward or
+    inference graph, kept for the backward (placement/shardings.py)."""
 
     @classmethod
     def create(cls, config: Config, example_inputs: Sequence[Any] = ()) -> "CompileContext":
@@ -85,7 +86,6 @@ class CompileContext:
             kernels=_kernel_chooser(platform, cache_dir) if config.eager_kernels else None,
             mesh=mesh_over(config.mesh, platform) if config.mesh else None,
             hints=hints_of(example_inputs, config.mesh) if config.mesh else {},
-            batch=batch_size(example_inputs) if config.mesh else None,
         )
 
     @property
@@ -301,6 +301,8 @@ def build_compiled_graph(
     inputs = dynamo_inputs(gm, kind)
     parameter_nodes = [inputs[i] for i in parameters if i in inputs]
     frozen = parameter_only_nodes(gm, parameter_nodes) if freeze and parameter_nodes else set()
+    if context.mesh is not None and kind != "backward":
+        context.batch = batch_size(list(inputs.values()), parameter_nodes)
     layout = _Layout.of(context, parameter_nodes, {inputs[i]: spec for i, spec in context.hints.items() if i in inputs})
     if layout is not None:
         record.mesh = layout.mesh.describe()

@@ -4,7 +4,7 @@ Why: XLA's SPMD partitioner needs a sharding for every argument and result
 of an island (``Config.mesh``). The default is data parallel: parameters
 and buffers are replicated on every device, every other tensor whose dim 0
 is the batch (the size of dim 0 of the region's inputs that are not
-parameters) is split along it over the mesh's first axis, and results are
+parameters or buffers) is split along it over the mesh's first axis, and results are
 replicated, so the graph around the island sees whole tensors.
 A training step then computes each device's share of the batch, and the
 gradients, replicated results, are summed by the all-reduce XLA inserts.
@@ -111,12 +111,12 @@ def island_input_shardings(
     return specs
 
 
-def batch_size(example_inputs: Sequence[Any]) -> Optional[int]:
-    """The size of dim 0 shared by the region's tensor inputs that are not
-    parameters (Dynamo's real example inputs); None when they disagree."""
-    sizes = {
-        x.shape[0]
-        for x in example_inputs
-        if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter) and x.dim() > 0
-    }
-    return sizes.pop() if len(sizes) == 1 else None
+def batch_size(inputs: Sequence[torch.fx.Node], parameters: Collection[torch.fx.Node]) -> Optional[int]:
+    """The size of dim 0 that a graph's Dynamo inputs other than parameters and
+    buffers share (``input_ids`` and ``labels``); None when they disagree."""
+    sizes = set()
+    for node in inputs:
+        value = node.meta.get("val")
+        if node not in parameters and isinstance(value, torch.Tensor) and value.dim() > 0:
+            sizes.add(value.shape[0])
+    return int(sizes.pop()) if len(sizes) == 1 else None
