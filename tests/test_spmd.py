@@ -221,3 +221,19 @@ def test_a_hugging_face_causal_lm_trains_data_parallel():
         torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-6)
     assert "{devices=[2" in " ".join(graph("forward").islands[0].shardings["inputs"])
     assert graph("backward").islands[0].collectives.get("all-reduce", 0) >= 1
+
+
+def test_graphs_with_dynamic_shapes_compile_each_bucket_for_the_mesh():
+    torch.manual_seed(0)
+    model = mlp()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="tpu", options={"mesh": {"data": 2}, "strict": True}, dynamic=True)
+    for batch in (6, 8, 12):
+        x = torch.randn(batch, 16)
+        compiled(x).square().mean().backward()
+        reference(x).square().mean().backward()
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, expected.grad, **TOLERANCE)
+    assert report.current().dynamic_graphs
+    forward = graph("forward")
+    assert forward.mesh == "data=2" and all("{devices=[2,1]0,1}" in i.shardings["inputs"] for i in forward.islands)

@@ -35,7 +35,7 @@ from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries,
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands
 from tpu_inductor.placement.placement import Decision, place, record_eager
-from tpu_inductor.placement.shardings import batch_size, dynamo_inputs, hints_of, island_input_shardings
+from tpu_inductor.placement.shardings import MeshLayout, batch_size, dynamo_inputs, hints_of, tensor_inputs
 from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
@@ -49,7 +49,7 @@ from tpu_inductor.runtime import (
 from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.runtime.executable import TensorSpec
 from tpu_inductor.runtime.mesh import Mesh, Spec, mesh_over
-from tpu_inductor.runtime.sharded import ShardedExecutable, collectives
+from tpu_inductor.runtime.sharded import ShardedExecutable
 from tpu_inductor.runtime.threads import eager_workers_compete
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def compile_graph(
     if has_symbolic_inputs(example_inputs):
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
-        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced)
+        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters)
     freeze = kind == "inference" and context.config.freeze_parameters
     return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze))
 
@@ -303,7 +303,7 @@ def build_compiled_graph(
     frozen = parameter_only_nodes(gm, parameter_nodes) if freeze and parameter_nodes else set()
     if context.mesh is not None and kind != "backward":
         context.batch = batch_size(list(inputs.values()), parameter_nodes)
-    layout = _Layout.of(context, parameter_nodes, {inputs[i]: spec for i, spec in context.hints.items() if i in inputs})
+    layout = mesh_layout(context, parameter_nodes, {inputs[i]: spec for i, spec in context.hints.items() if i in inputs})
     if layout is not None:
         record.mesh = layout.mesh.describe()
     plan: Optional[PartitionPlan] = propose_islands(gm, place(gm, support, chosen, frozen))
@@ -334,27 +334,46 @@ def build_compiled_graph(
     return fused
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """How one graph's islands lie over the mesh (placement/shardings.py)."""
+def compile_module(
+    module: bytes,
+    input_specs: Sequence[TensorSpec],
+    output_specs: Sequence[TensorSpec],
+    context: CompileContext,
+    name: str,
+    layout: Optional[MeshLayout] = None,
+    shardings: Sequence[Spec] = (),
+) -> tuple[DeviceExecutable, Any]:
+    """One StableHLO module as an executable (from memory, disk or XLA), for
+    one device or, with a ``layout`` and the inputs' ``shardings``, partitioned
+    over the mesh. Both paths compile their islands here. Returns the
+    executable and the compile stats."""
+    mesh = layout.mesh if layout is not None else None
+    if mesh is not None:
+        replicated = [(None,) * len(spec.shape) for spec in output_specs]
+        module = annotate_shardings(module, mesh.axes, shardings, replicated)
+    loaded, stats = compile_stablehlo(
+        module,
+        context.platform,
+        context.disk_cache,
+        input_specs=input_specs,
+        xla_flags=context.config.xla_flags,
+        mesh=mesh,
+    )
+    name = f"{name} ({stats.key})"
+    if mesh is not None:
+        return ShardedExecutable(loaded, context.platform, mesh, input_specs, shardings, output_specs, name), stats
+    return DeviceExecutable(loaded, context.platform, output_specs, name=name, input_specs=input_specs), stats
 
-    mesh: Mesh
-    parameters: frozenset
-    hints: dict
-    batch: Optional[int]
 
-    @classmethod
-    def of(cls, context: CompileContext, parameters, hints) -> Optional["_Layout"]:
-        if context.mesh is None:
-            return None
-        return cls(context.mesh, frozenset(parameters), hints, context.batch)
-
-    def input_shardings(self, island: Island) -> list[Spec]:
-        return island_input_shardings(island.inputs, self.mesh, self.parameters, self.hints, self.batch)
+def mesh_layout(context: CompileContext, parameters: Sequence[torch.fx.Node], hints) -> Optional[MeshLayout]:
+    """How a graph compiled under ``context`` lies over its mesh; None without one."""
+    if context.mesh is None:
+        return None
+    return MeshLayout(context.mesh, frozenset(parameters), hints, context.batch)
 
 
 def _compile_island(
-    island: Island, context: CompileContext, record: report.GraphRecord, layout: Optional[_Layout] = None
+    island: Island, context: CompileContext, record: report.GraphRecord, layout: Optional[MeshLayout] = None
 ) -> tuple[Any, report.IslandRecord]:
     """One island through both levels of the disk cache: ATen graph -> StableHLO
     -> executable; with a ``layout``, one executable over the mesh's devices."""
@@ -367,28 +386,12 @@ def _compile_island(
         for_cpu=context.platform.name == "cpu",
         isolate=context.config.isolate_lowering,
     )
-    module, mesh = lowered.module, None
-    if layout is not None:
-        mesh, shardings = layout.mesh, layout.input_shardings(island)
-        replicated = [(None,) * len(spec.shape) for spec in lowered.output_specs]
-        module = annotate_shardings(module, mesh.axes, shardings, replicated)
-    loaded, stats = compile_stablehlo(
-        module,
-        context.platform,
-        context.disk_cache,
-        input_specs=lowered.input_specs,
-        xla_flags=context.config.xla_flags,
-        mesh=mesh,
+    shardings = (
+        layout.input_shardings(tensor_inputs(island), [s.shape for s in lowered.input_specs]) if layout else ()
     )
-    name = f"{island.name} ({stats.key})"
-    if layout is not None:
-        executable: Any = ShardedExecutable(
-            loaded, context.platform, mesh, lowered.input_specs, shardings, lowered.output_specs, name
-        )
-    else:
-        executable = DeviceExecutable(
-            loaded, context.platform, lowered.output_specs, name=name, input_specs=lowered.input_specs
-        )
+    executable, stats = compile_module(
+        lowered.module, lowered.input_specs, lowered.output_specs, context, island.name, layout, shardings
+    )
     island_record = report.IslandRecord(
         name=island.name,
         num_nodes=len(island.nodes),
@@ -399,12 +402,8 @@ def _compile_island(
         lower_source=lower_stats.source,
         ops=hooks.op_counts(island.nodes),
     )
-    if layout is not None:
-        island_record.shardings = {
-            "inputs": [mesh.hlo_sharding(s) for s in shardings],
-            "outputs": [mesh.hlo_sharding(()) for _ in lowered.output_specs],
-        }
-        island_record.collectives = collectives(loaded)
+    if isinstance(executable, ShardedExecutable):
+        executable.record_into(island_record)
     hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
     return executable, island_record
 

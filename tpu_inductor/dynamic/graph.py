@@ -45,6 +45,7 @@ from tpu_inductor.analysis.padding_safety import PaddingAnalysis
 from tpu_inductor.analysis.real_lengths import real_values
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.placement.partition import Island, fuse_islands
+from tpu_inductor.placement.shardings import MeshLayout, batch_size, dynamo_inputs, tensor_inputs
 from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
@@ -64,6 +65,7 @@ class DynamicShapeGraph:
         kind: str,
         context: "CompileContext",
         as_traced: Optional[torch.fx.GraphModule] = None,
+        parameters: Sequence[int] = (),
     ) -> None:
         # An instance attribute, so wrappers made with functools.wraps keep it.
         self._boxed_call = True
@@ -104,6 +106,7 @@ class DynamicShapeGraph:
             },
         )
         report.record_dynamic_graph(self.dynamic_record)
+        self.layout = self._mesh_layout(gm, kind, parameters)
         for symbol, why in self.dynamic_record.exact.items():
             log.info("tpu_inductor: %s compiles at exact sizes: %s", symbol, why)
 
@@ -291,6 +294,20 @@ class DynamicShapeGraph:
         )
         return fused, list(islands.values())
 
+    def _mesh_layout(self, gm: torch.fx.GraphModule, kind: str, parameters: Sequence[int]) -> Optional[MeshLayout]:
+        """How the islands lie over the mesh, as on the static path (the batch may be a symbol)."""
+        if self.context.mesh is None:
+            return None
+        inputs = dynamo_inputs(gm, kind)
+        parameter_nodes = [inputs[i] for i in parameters if i in inputs]
+        if kind != "backward":
+            self.context.batch = batch_size(list(inputs.values()), parameter_nodes)
+        hints = {inputs[i]: spec for i, spec in self.context.hints.items() if i in inputs}
+        self.record.mesh = self.context.mesh.describe()
+        from tpu_inductor.compiled_graph import mesh_layout  # it builds on this package
+
+        return mesh_layout(self.context, parameter_nodes, hints)
+
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:
         """``record``: None for a probe, which bypasses the cache (a failure must be seen)."""
         if record is None:
@@ -300,7 +317,9 @@ class DynamicShapeGraph:
                 island.graph, self.context.disk_cache, isolate=self.context.config.isolate_lowering
             )
             self.dynamic_record.lowerings += stats.source == "torch-mlir"
-        return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record)
+        # A probe proves that the island lowers; it compiles for one device.
+        layout = (self.layout, tensor_inputs(island)) if record is not None and self.layout is not None else None
+        return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record, layout)
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:
         self._island(probe, None).prepare(key, bucket)

@@ -28,8 +28,9 @@ from tpu_inductor.lowering.symbolic import SymbolicModule
 from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.reporting import hooks
-from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
+from tpu_inductor.runtime import DeviceExecutable
 from tpu_inductor.runtime.executable import TensorSpec
+from tpu_inductor.runtime.sharded import ShardedExecutable
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,12 @@ class SymbolicIsland:
         state: CallState,
         context: Any,
         record: Optional[report.GraphRecord],
+        layout: Optional[tuple[Any, list[torch.fx.Node]]] = None,
     ) -> None:
+        """``layout``: the graph's ``MeshLayout`` and the owner graph's nodes this
+        island's tensor inputs are, to compile each bucket for the mesh."""
         self.island_name = name
+        self._layout = layout
         self.graph = graph
         self.lowered = lowered
         self._state = state
@@ -104,17 +109,16 @@ class SymbolicIsland:
             for_cpu=context.platform.name == "cpu",
         )
         refined_seconds = time.perf_counter() - started
-        loaded, stats = compile_stablehlo(
-            module,
-            context.platform,
-            context.disk_cache,
-            input_specs=input_specs,
-            xla_flags=context.config.xla_flags,
-        )
         output_specs = [TensorSpec(tuple(size(e) for e in shape), dtype) for shape, dtype in self._outputs]
         label = ",".join(f"{s}={v}" for s, v in sorted(sizes.items(), key=lambda kv: str(kv[0])))
-        executable = DeviceExecutable(
-            loaded, context.platform, output_specs, name=f"{self.island_name}[{label}] ({stats.key})"
+        layout, shardings = None, ()
+        if self._layout is not None:
+            layout, inputs = self._layout
+            shardings = layout.input_shardings(inputs, [s.shape for s in input_specs], sizes)
+        from tpu_inductor.compiled_graph import compile_module  # it builds on this package
+
+        executable, stats = compile_module(
+            module, input_specs, output_specs, context, f"{self.island_name}[{label}]", layout, shardings
         )
         self._executables[key] = executable
         if self._record is not None:
@@ -127,6 +131,8 @@ class SymbolicIsland:
                 cache_key=stats.key,
                 lower_source="refined",
             )
+            if isinstance(executable, ShardedExecutable):
+                executable.record_into(island_record)
             self._record.islands.append(island_record)
             hooks.on_island_compiled(self._record, island_record, module, check_tpu=context.checks_tpu_readiness)
         return executable

@@ -17,7 +17,8 @@ are computed and what moves between devices, so a guess that does not fit
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping, Optional, Sequence
+import dataclasses
+from typing import Any, Collection, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -89,34 +90,53 @@ def dynamo_inputs(gm: torch.fx.GraphModule, kind: str) -> dict[int, torch.fx.Nod
     return {position: by_name[f"primals_{position + 1}"] for position in saved}
 
 
-def island_input_shardings(
-    inputs: tuple[torch.fx.Node, ...],
-    mesh: Mesh,
-    parameters: Collection[torch.fx.Node],
-    hints: Mapping[torch.fx.Node, Spec],
-    batch: Optional[int],
-) -> list[Spec]:
-    """One spec per island input (the owner graph's nodes it reads), in order.
-    ``batch``: the batch size (:func:`batch_size`), None when not known."""
-    specs = []
-    for node in inputs:
-        value = node.meta.get("val")
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
-        if node in hints:
-            specs.append(mesh.fit(hints[node], shape))
-        elif node not in parameters and shape and shape[0] == batch:
-            specs.append(mesh.fit((mesh.batch_axis,), shape))
-        else:
-            specs.append(mesh.fit((), shape))
-    return specs
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+    """How one graph's islands lie over the mesh: its parameters, hints and batch."""
+
+    mesh: Mesh
+    parameters: frozenset
+    hints: Mapping[torch.fx.Node, Spec]
+    batch: Any
+    """The batch size (:func:`batch_size`): an int, a symbolic size's expression, or None."""
+
+    def input_shardings(
+        self,
+        inputs: Sequence[torch.fx.Node],
+        shapes: Sequence[tuple[int, ...]],
+        sizes: Mapping[Any, int] = {},
+    ) -> list[Spec]:
+        """One spec per tensor input of an island (the owner graph's nodes it
+        reads, in order), at ``shapes``; ``sizes``: a bucket's symbol values."""
+        batch = self.batch
+        if batch is not None and not isinstance(batch, int):
+            batch = int(batch.xreplace({s: v for s, v in sizes.items()}))
+        specs = []
+        for node, shape in zip(inputs, shapes):
+            if node in self.hints:
+                specs.append(self.mesh.fit(self.hints[node], shape))
+            elif node not in self.parameters and shape and shape[0] == batch:
+                specs.append(self.mesh.fit((self.mesh.batch_axis,), shape))
+            else:
+                specs.append(self.mesh.fit((), shape))
+        return specs
 
 
-def batch_size(inputs: Sequence[torch.fx.Node], parameters: Collection[torch.fx.Node]) -> Optional[int]:
+def batch_size(inputs: Sequence[torch.fx.Node], parameters: Collection[torch.fx.Node]) -> Any:
     """The size of dim 0 that a graph's Dynamo inputs other than parameters and
-    buffers share (``input_ids`` and ``labels``); None when they disagree."""
+    buffers share (``input_ids`` and ``labels``): an int, or a symbolic size's
+    expression; None when they disagree."""
+    from tpu_inductor.analysis.padding_safety import expr_of
+
     sizes = set()
     for node in inputs:
         value = node.meta.get("val")
         if node not in parameters and isinstance(value, torch.Tensor) and value.dim() > 0:
-            sizes.add(value.shape[0])
-    return int(sizes.pop()) if len(sizes) == 1 else None
+            size = value.shape[0]
+            sizes.add(int(size) if isinstance(size, int) else expr_of(size))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def tensor_inputs(island: Any) -> list[torch.fx.Node]:
+    """The island's inputs that are tensors (its executable's arguments), in order."""
+    return [n for n in island.inputs if isinstance(n.meta.get("val"), torch.Tensor)]

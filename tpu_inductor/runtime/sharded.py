@@ -62,6 +62,14 @@ class ShardedExecutable(DeviceExecutable):
             for spec, sharding in zip(self.input_specs, self._input_shardings)
         ]
 
+    def record_into(self, island_record: Any) -> None:
+        """Put the mesh's view of this executable in its island's record."""
+        island_record.shardings = {
+            "inputs": [self._mesh.hlo_sharding(s) for s in self._input_shardings],
+            "outputs": [self._mesh.hlo_sharding(()) for _ in self._output_specs],
+        }
+        island_record.collectives = collectives(self._loaded)
+
     def _run_on_mesh(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         arguments = []
         for tensor, spec, sharding, (aval, global_sharding) in zip(
