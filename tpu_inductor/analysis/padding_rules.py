@@ -16,19 +16,9 @@ import sympy
 import torch
 import torch.fx
 
+from tpu_inductor.analysis.padding_safety import _ONE, Dim, Layout, _Analyzer, expr_of
+from tpu_inductor.analysis.padding_safety import _arg, _equal, _free, _norm, _sym_syms  # dim helpers
 from tpu_inductor.passes.padded_positions import counted_from
-from tpu_inductor.analysis.padding_safety import (
-    _ONE,
-    Dim,
-    Layout,
-    _Analyzer,
-    _arg,
-    _equal,
-    _free,
-    _norm,
-    _sym_syms,
-    expr_of,
-)
 
 aten = torch.ops.aten
 prims = torch.ops.prims

@@ -18,21 +18,11 @@ import sympy
 import torch
 import torch.fx
 
+from tpu_inductor.analysis.padding_rules import rule
+from tpu_inductor.analysis.padding_safety import _ONE, Layout, _Analyzer, expr_of
+from tpu_inductor.analysis.padding_safety import _arg, _equal, _free, _norm, _product, _sym_syms  # dim helpers
 from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION, flash_attention_flags
 from tpu_inductor.passes.padded_positions import concatenation_parts, index_put_rows, realigned_read
-from tpu_inductor.analysis.padding_rules import rule
-from tpu_inductor.analysis.padding_safety import (
-    _ONE,
-    Layout,
-    _Analyzer,
-    _arg,
-    _equal,
-    _free,
-    _norm,
-    _product,
-    _sym_syms,
-    expr_of,
-)
 
 aten = torch.ops.aten
 
