@@ -298,14 +298,9 @@ def build_compiled_graph(
     probe = functools.partial(_probe_lowers, context=context)
     support = graph_support(gm, context, probe)
     chosen = choose_eager_kernels(gm, context.kernels, support.lowers)
-    inputs = dynamo_inputs(gm, kind)
-    parameter_nodes = [inputs[i] for i in parameters if i in inputs]
+    parameter_nodes = parameter_placeholders(gm, kind, parameters)
     frozen = parameter_only_nodes(gm, parameter_nodes) if freeze and parameter_nodes else set()
-    if context.mesh is not None and kind != "backward":
-        context.batch = batch_size(list(inputs.values()), parameter_nodes)
-    layout = mesh_layout(context, parameter_nodes, {inputs[i]: spec for i, spec in context.hints.items() if i in inputs})
-    if layout is not None:
-        record.mesh = layout.mesh.describe()
+    layout = mesh_layout(gm, kind, context, parameter_nodes, record)
     plan: Optional[PartitionPlan] = propose_islands(gm, place(gm, support, chosen, frozen))
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:
@@ -365,10 +360,30 @@ def compile_module(
     return DeviceExecutable(loaded, context.platform, output_specs, name=name, input_specs=input_specs), stats
 
 
-def mesh_layout(context: CompileContext, parameters: Sequence[torch.fx.Node], hints) -> Optional[MeshLayout]:
-    """How a graph compiled under ``context`` lies over its mesh; None without one."""
+def parameter_placeholders(gm: torch.fx.GraphModule, kind: str, parameters: Sequence[int]) -> list[torch.fx.Node]:
+    """The placeholders of ``gm`` that are the parameter inputs at Dynamo positions ``parameters``."""
+    inputs = dynamo_inputs(gm, kind)
+    return [inputs[i] for i in parameters if i in inputs]
+
+
+def mesh_layout(
+    gm: torch.fx.GraphModule,
+    kind: str,
+    context: CompileContext,
+    parameters: Sequence[torch.fx.Node],
+    record: report.GraphRecord,
+) -> Optional[MeshLayout]:
+    """How the islands of ``gm`` (static or symbolic) lie over the mesh, noted in
+    its ``record``; None without a mesh. A forward or inference graph fixes the
+    batch (placement/shardings.py), which its backward reuses: a backward's
+    inputs are not Dynamo's."""
     if context.mesh is None:
         return None
+    inputs = dynamo_inputs(gm, kind)
+    if kind != "backward":
+        context.batch = batch_size(list(inputs.values()), parameters)
+    record.mesh = context.mesh.describe()
+    hints = {inputs[i]: spec for i, spec in context.hints.items() if i in inputs}
     return MeshLayout(context.mesh, frozenset(parameters), hints, context.batch)
 
 

@@ -45,7 +45,7 @@ from tpu_inductor.analysis.padding_safety import PaddingAnalysis
 from tpu_inductor.analysis.real_lengths import real_values
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.placement.partition import Island, fuse_islands
-from tpu_inductor.placement.shardings import MeshLayout, batch_size, dynamo_inputs, tensor_inputs
+from tpu_inductor.placement.shardings import tensor_inputs
 from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
@@ -106,7 +106,9 @@ class DynamicShapeGraph:
             },
         )
         report.record_dynamic_graph(self.dynamic_record)
-        self.layout = self._mesh_layout(gm, kind, parameters)
+        from tpu_inductor.compiled_graph import mesh_layout, parameter_placeholders  # they build on this package
+
+        self.layout = mesh_layout(gm, kind, context, parameter_placeholders(gm, kind, parameters), self.record)
         for symbol, why in self.dynamic_record.exact.items():
             log.info("tpu_inductor: %s compiles at exact sizes: %s", symbol, why)
 
@@ -293,20 +295,6 @@ class DynamicShapeGraph:
             gm, plan, {name: target.run for name, target in islands.items()}, self.context.releases_eager_workers
         )
         return fused, list(islands.values())
-
-    def _mesh_layout(self, gm: torch.fx.GraphModule, kind: str, parameters: Sequence[int]) -> Optional[MeshLayout]:
-        """How the islands lie over the mesh, as on the static path (the batch may be a symbol)."""
-        if self.context.mesh is None:
-            return None
-        inputs = dynamo_inputs(gm, kind)
-        parameter_nodes = [inputs[i] for i in parameters if i in inputs]
-        if kind != "backward":
-            self.context.batch = batch_size(list(inputs.values()), parameter_nodes)
-        hints = {inputs[i]: spec for i, spec in self.context.hints.items() if i in inputs}
-        self.record.mesh = self.context.mesh.describe()
-        from tpu_inductor.compiled_graph import mesh_layout  # it builds on this package
-
-        return mesh_layout(self.context, parameter_nodes, hints)
 
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:
         """``record``: None for a probe, which bypasses the cache (a failure must be seen)."""

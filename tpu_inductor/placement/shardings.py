@@ -110,7 +110,7 @@ class MeshLayout:
         reads, in order), at ``shapes``; ``sizes``: a bucket's symbol values."""
         batch = self.batch
         if batch is not None and not isinstance(batch, int):
-            batch = int(batch.xreplace({s: v for s, v in sizes.items()}))
+            batch = int(batch.xreplace(dict(sizes)))
         specs = []
         for node, shape in zip(inputs, shapes):
             if node in self.hints:

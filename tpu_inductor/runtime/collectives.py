@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from jaxlib import _hlo, _jax
@@ -35,7 +35,9 @@ from torch.utils.dlpack import to_dlpack
 from tpu_inductor.errors import LoweringError, RanksDisagreeError
 from tpu_inductor.runtime import transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
-from tpu_inductor.runtime.executable import spmd_options
+from tpu_inductor.lowering.sharding_annotations import annotate_shardings
+from tpu_inductor.runtime.executable import spmd_compile_options
+from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.sharded import collectives as count_collectives
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ _MLIR_TYPES = {
     torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.int16: "i16",
 }
 _compiles = itertools.count()
+_RANKS = "ranks"
+"""The one mesh axis of a collective's program: the job's ranks."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +99,10 @@ def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
     return None
 
 
-def _program(collective: Collective, world: int) -> tuple[str, tuple[int, ...]]:
-    """The StableHLO text of ``collective`` in the global view, and the shape
-    of the part of its result each rank gets."""
+def _program(collective: Collective, world: int) -> tuple[str, Spec, tuple[int, ...]]:
+    """The StableHLO text of ``collective`` in the global view (its input is
+    the ranks' rows, split over the ``ranks`` axis), the result's spec, and
+    the shape of the part of the result each rank gets."""
     element = _MLIR_TYPES[collective.dtype]
     shape = collective.shape
 
@@ -108,7 +113,7 @@ def _program(collective: Collective, world: int) -> tuple[str, tuple[int, ...]]:
     if collective.kind == "all_gather_into_tensor":
         out_shape = (world * shape[0], *shape[1:])
         body = f"%r = stablehlo.reshape %x : ({rows}) -> {tensor(out_shape)}"
-        result, local = _sdy([None] * len(out_shape)), out_shape
+        result, local = (None,) * len(out_shape), out_shape
     else:
         op, out_shape = _REDUCTIONS[collective.reduce_op], shape
         body = (
@@ -124,25 +129,18 @@ def _program(collective: Collective, world: int) -> tuple[str, tuple[int, ...]]:
         if collective.kind == "reduce_scatter_tensor":
             if shape[0] % world:
                 raise LoweringError(f"{collective.describe()}: dim 0 is not a multiple of the {world} ranks")
-            result, local = _sdy(["ranks"] + [None] * (len(shape) - 1)), (shape[0] // world, *shape[1:])
+            result, local = (_RANKS,) + (None,) * (len(shape) - 1), (shape[0] // world, *shape[1:])
         else:
-            result, local = _sdy([None] * len(shape)), shape
+            result, local = (None,) * len(shape), shape
     returned = "%mean" if collective.reduce_op == "avg" else "%r"
-    text = f"""module @collective attributes {{mhlo.num_partitions = {world} : i32, mhlo.num_replicas = 1 : i32}} {{
-  sdy.mesh @mesh = <["ranks"={world}]>
-  func.func public @main(%x: {rows} {{sdy.sharding = {_sdy(["ranks"] + [None] * len(shape))}}})
-      -> ({tensor(out_shape)} {{sdy.sharding = {result}}}) {{
+    text = f"""module @collective {{
+  func.func public @main(%x: {rows}) -> {tensor(out_shape)} {{
     {body}
     return {returned} : {tensor(out_shape)}
   }}
 }}
 """
-    return text, local
-
-
-def _sdy(axes: list) -> str:
-    dims = ", ".join('{"ranks"}' if axis else "{}" for axis in axes)
-    return f"#sdy.sharding<@mesh, [{dims}]>"
+    return text, result, local
 
 
 # -inf and +inf as each float type's bits (MLIR's dense literals take hex for them).
@@ -177,25 +175,25 @@ class CollectiveExecutable:
         self.name = name
         world = runtime.world_size
         _agree_across_ranks(collective, runtime)
-        text, local_out = _program(collective, world)
-        devices = runtime.devices
-        self._loaded = runtime.client.compile_and_load(text, _jax.DeviceList(devices), spmd_options(devices))
+        text, result, local_out = _program(collective, world)
+        mesh = Mesh(((_RANKS, world),), runtime.devices)
+        rows: Spec = (_RANKS,) + (None,) * len(collective.shape)
+        module = annotate_shardings(text.encode(), mesh.axes, [rows], [result])
+        devices = _jax.DeviceList(mesh.devices)
+        self._loaded = runtime.client.compile_and_load(module, devices, spmd_compile_options(mesh))
         self.collectives = count_collectives(self._loaded)
         self._device = runtime.local_device
-        split = "{devices=[" + ",".join([str(world)] + ["1"] * len(collective.shape)) + "]" + ",".join(
-            map(str, range(world))
-        ) + "}"
         self._aval = core.ShapedArray((world, *collective.shape), transfer.numpy_dtype(collective.dtype))
-        self._sharding = _jax.GSPMDSharding(_jax.DeviceList(devices), _hlo.HloSharding.from_string(split))
+        self._sharding = _jax.GSPMDSharding(devices, _hlo.HloSharding.from_string(mesh.hlo_sharding(rows)))
         self.input_specs = (TensorSpec(collective.shape, collective.dtype),)
         self.output_specs = (TensorSpec(local_out, collective.dtype),)
 
-    def run(self, tensor: torch.Tensor, *_: Any) -> list[torch.Tensor]:
+    def run(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         row = tensor.detach().contiguous().unsqueeze(0)
         local = _jax.dlpack_managed_tensor_to_buffer(to_dlpack(row), self._device, None)
         argument = _jax.ArrayImpl(self._aval, self._sharding, [local], True, _skip_checks=True)
-        (result,) = self._loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
-        mine = next(a for a in result if a.device == self._device) if len(result) > 1 else result[0]
+        # Each rank addresses its one device: one array of the result is its part.
+        ((mine,),) = self._loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
         return [transfer.host_tensor(mine)]
 
     __call__ = run
@@ -215,7 +213,7 @@ def _agree_across_ranks(collective: Collective, runtime: DistributedRuntime) -> 
     except Exception:
         raise RanksDisagreeError(
             f"tpu_inductor: rank {runtime.rank} compiles {collective.describe()} as its collective #{number}, "
-            "and not every rank reached a collective #{number} within 60 s: the ranks traced different graphs"
+            f"and not every rank reached a collective #{number} within 60 s: the ranks traced different graphs"
         ) from None
     seen = {rank: shared.get(k).decode() for rank, k in enumerate(keys)}
     if len(set(seen.values())) > 1:

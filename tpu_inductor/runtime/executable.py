@@ -122,11 +122,7 @@ class DeviceExecutable:
 
 def spmd_compile_options(mesh: Mesh) -> Any:
     """Compile options for one program partitioned over ``mesh``'s devices (one replica)."""
-    return spmd_options(mesh.devices)
-
-
-def spmd_options(devices: Sequence[Any]) -> Any:
-    """Compile options for one program partitioned over ``devices``, in order."""
+    devices = mesh.devices
     options = _jax.CompileOptions()
     options.num_replicas = 1
     options.num_partitions = len(devices)
