@@ -1,10 +1,13 @@
-"""A native crash of torch-mlir fails one lowering, not the program (lowering/pipelines.py).
+"""A native crash of torch-mlir or XLA fails one lowering, not the program
+(lowering/pipelines.py, runtime/isolated_compile.py).
 
-The crash used is real: torch-mlir emits a ``stablehlo.shift_left`` on
+The crashes used are real. torch-mlir emits a ``stablehlo.shift_left`` on
 operands of two shapes for a broadcasting shift, and MLIR aborts the process
-("LLVM ERROR: Failed to infer result type(s)"). Our decomposition table
-and AOTAutograd's references rewrite that shift first, so the tests build
-the ATen graph themselves.
+("LLVM ERROR: Failed to infer result type(s)"); our decomposition table
+and AOTAutograd's references rewrite that shift first, so those tests build
+the ATen graph themselves. XLA aborts on a broadcast to more bytes than an
+int64 counts ("overflow in static extent product"), which eager PyTorch
+makes as a view of one element: ``x.expand(3 * 2**60)[:4]``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 
 aten = torch.ops.aten
 COLUMN, ROW = torch.arange(5, dtype=torch.int32).reshape(5, 1), torch.arange(5, dtype=torch.int32)
+XLA_ABORTS = "def huge_view(x):\n    return x.expand(3 * 2**60)[:4] * 2 + 1\n"
 
 
 def _aborting_graph() -> torch.fx.GraphModule:
@@ -70,3 +74,29 @@ def test_a_crashing_op_runs_eagerly_and_the_graph_returns_eagers_result():
     assert fallback.op == "aten.bitwise_left_shift.Tensor"
     assert "LLVM ERROR" in fallback.reason
     assert report.current().islands()  # the add still ran on the device
+
+
+def test_in_process_an_xla_abort_ends_the_program():
+    """The hazard itself, in a child process: XLA compiling in the user's process aborts it."""
+    code = (
+        "import torch\n" + XLA_ABORTS
+        + "torch.compile(huge_view, backend='tpu', options={'cache': False, 'isolate_lowering': False})"
+        "(torch.ones(1))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "overflow in static extent product" in done.stderr
+
+
+def test_an_xla_abort_moves_its_ops_to_eager_and_the_rest_stays_on_the_device(caplog):
+    namespace: dict = {}
+    exec(XLA_ABORTS, namespace)
+    huge_view, x = namespace["huge_view"], torch.randn(1)
+    with caplog.at_level("INFO", logger="tpu_inductor"):
+        out = torch.compile(huge_view, backend="tpu", options={"cache": False})(x)
+    assert torch.equal(out, huge_view(x))
+    (graph,) = report.current().graphs
+    assert graph.lowering_retries >= 1
+    assert any(r.stage == "XLA" and "helper process killed by SIGABRT" in r.error for r in report.current().repros)
+    assert "aten.expand.default does not lower" in caplog.text and "overflow in static extent product" in caplog.text
+    (island,) = graph.islands
+    assert island.ops == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1} and island.executions == 1

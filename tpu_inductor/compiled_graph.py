@@ -353,6 +353,7 @@ def compile_module(
         input_specs=input_specs,
         xla_flags=context.config.xla_flags,
         mesh=mesh,
+        isolate=context.config.isolate_lowering,
     )
     name = f"{name} ({stats.key})"
     if mesh is not None:
@@ -450,4 +451,4 @@ def _compile_collective(island: Island) -> tuple[Any, report.IslandRecord]:
 def _probe_lowers(probe: Island, context: CompileContext) -> None:
     """Lower and compile ``probe`` (uncached); raises what torch-mlir or XLA raised."""
     lowered = lower_to_stablehlo(probe.graph, isolate=context.config.isolate_lowering)
-    compile_stablehlo(lowered.module, context.platform, None)
+    compile_stablehlo(lowered.module, context.platform, None, isolate=context.config.isolate_lowering)

@@ -90,12 +90,13 @@ class Config:
     Env: ``TPU_INDUCTOR_TPU_READINESS``."""
 
     isolate_lowering: bool = True
-    """Run torch-mlir's pass pipelines in a helper process, so that a native
-    crash of MLIR (an ``LLVM ERROR`` abort) fails that island's lowering,
+    """Run torch-mlir's pass pipelines, and on the CPU client XLA's compiler,
+    in a helper process, so that a native crash of MLIR (an ``LLVM ERROR``
+    abort) or of XLA (a ``CHECK`` failure) fails that island's lowering,
     which then runs eagerly, instead of ending the program. Costs one process
     start, begun when the backend is first called so that it overlaps
-    tracing (a cold first call of an MLP: +0.10 s, median of 5 paired runs on
-    2 cores), and a few milliseconds an island. Env: ``TPU_INDUCTOR_ISOLATE_LOWERING``."""
+    tracing, and a few milliseconds an island (docs/performance.md).
+    Env: ``TPU_INDUCTOR_ISOLATE_LOWERING``."""
 
     freeze_parameters: bool = False
     """Inference graphs compute what depends only on parameters and buffers

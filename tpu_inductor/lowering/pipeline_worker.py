@@ -1,17 +1,21 @@
 """torch-mlir's pass pipelines and our StableHLO fix-ups, in this process or
-as the helper process of pipelines.py (``python -m tpu_inductor.lowering.pipeline_worker``).
+as the helper process of pipelines.py (``python -m tpu_inductor.lowering.pipeline_worker``),
+which also compiles the CPU client's executables (runtime/isolated_compile.py).
 
 The helper imports no torch: only torch-mlir's MLIR bindings and the
-fix-up modules, which need nothing else (about 0.5 s).
-Messages on stdin and stdout are 8-byte big-endian lengths and pickles:
+fix-up modules, which need nothing else (about 0.5 s), and jaxlib, loaded
+while it waits for its first request. Messages on stdin and stdout are 8-byte
+big-endian lengths and pickles:
 
 * in: ``{"module": <MLIR bytecode>, "pipelines": [(pipeline, stage), ...],
   "fix_up": bool, "for_cpu": bool, "text": bool}``
 * out: ``{"bytecode": <StableHLO bytecode>, "text": <its text, if asked>}``,
-  or ``{"stage": ..., "diagnostics": [...], "ir": <the IR before that stage>}``.
+  or ``{"stage": ..., "diagnostics": [...], "ir": <the IR before that stage>}``;
+* or in: ``{"kind": "compile", ...}``, out: ``{"executable": <serialized>}``
+  or ``{"error": ...}`` (runtime/isolated_compile.py).
 
-An abort inside MLIR (``LLVM ERROR: ...``) ends this process; the parent sees
-its stdout close and reports the crash as a lowering failure.
+An abort inside MLIR (``LLVM ERROR: ...``) or XLA ends this process; the parent
+sees its stdout close and reports the crash as a lowering failure.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import select
 import sys
 from typing import Any, BinaryIO, Optional
 
@@ -86,7 +91,17 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     from torch_mlir import ir
     from torch_mlir.dialects import torch as torch_dialect
 
+    from tpu_inductor.runtime import isolated_compile
+
+    # jaxlib next, if no lowering waits for us: the first compile follows the
+    # first lowering at once. Not on a thread beside torch-mlir's import: both
+    # set up absl's logging, and jaxlib's import fails when they overlap.
+    if not select.select([requests], [], [], 0)[0]:
+        isolated_compile.import_jaxlib()
     while (request := read_message(requests)) is not None:
+        if request.get("kind") == "compile":
+            write_message(replies, isolated_compile.serve_compile(request))
+            continue
         context = ir.Context()
         torch_dialect.register_dialect(context)
         module = ir.Module.parse(request["module"], context)

@@ -1,5 +1,6 @@
 """torch-mlir's two pass pipelines (Torch IR -> backend IR -> StableHLO), in a
-helper process that may crash.
+helper process that may crash (which also compiles for XLA:CPU:
+runtime/isolated_compile.py).
 
 Why: MLIR aborts the whole process on some inputs (``LLVM ERROR: Failed to
 infer result type(s)`` for a broadcasting shift, assertion failures in a
@@ -139,6 +140,12 @@ atexit.register(_WORKER.stop)
 def start_worker() -> None:
     """Start the helper now, so it is ready by the first lowering."""
     _WORKER.start()
+
+
+def run_in_helper(request: dict) -> dict:
+    """The helper's reply to ``request``, or ``{"crashed": <how>, "stderr": <its last words>}``
+    (the next request starts a new helper)."""
+    return _WORKER.run(request)
 
 
 def to_stablehlo(

@@ -114,7 +114,9 @@ class KernelChooser:
             from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo
 
             lowered = lower_to_stablehlo(probe, for_cpu=True)  # timed as it would run
-            loaded, _ = compile_stablehlo(lowered.module, platform, None, input_specs=lowered.input_specs)
+            loaded, _ = compile_stablehlo(
+                lowered.module, platform, None, input_specs=lowered.input_specs, isolate=True
+            )
             executable = DeviceExecutable(loaded, platform, lowered.output_specs, name="kernel timing")
             return _median_seconds(lambda: executable(*inputs))
 

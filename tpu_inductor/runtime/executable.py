@@ -27,6 +27,7 @@ from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import transfer
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
+from tpu_inductor.runtime.isolated_compile import compile_and_load
 from tpu_inductor.runtime.mesh import Mesh
 from tpu_inductor.runtime.platform import Platform
 
@@ -189,11 +190,13 @@ def compile_stablehlo(
     input_specs: Sequence[TensorSpec] = (),
     xla_flags: str = "",
     mesh: Optional[Mesh] = None,
+    isolate: bool = False,
 ) -> tuple[Any, CompileStats]:
     """A loaded executable for ``module`` (StableHLO bytecode or text): from memory,
     disk, or XLA. ``input_specs``, ``xla_flags`` (``Config.xla_flags``) and the
     ``mesh`` it is partitioned over (its shardings are in ``module``) go into
-    the cache key."""
+    the cache key. ``isolate`` (``Config.isolate_lowering``): XLA compiles in
+    the helper process where it can (runtime/isolated_compile.py)."""
     started = time.perf_counter()
     key = executable_key(module, input_specs, platform, xla_flags, mesh)
     digest = key.digest
@@ -213,9 +216,9 @@ def compile_stablehlo(
         source = "xla"
         compile_started = time.perf_counter()
         with report.stage("xla"):
-            loaded = platform.client.compile_and_load(module, devices, _compile_options(mesh))
+            loaded, serialized = compile_and_load(platform, module, devices, _compile_options(mesh), isolate=isolate)
         if disk_cache is not None:
-            _store(disk_cache, key, module, loaded, platform, time.perf_counter() - compile_started)
+            _store(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
     STATE.executables[digest] = loaded
     stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest)
     log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
@@ -227,11 +230,13 @@ def _store(
     key: CacheKey,
     module: Union[bytes, str],
     loaded: Any,
+    serialized: Optional[bytes],
     platform: Platform,
     compile_seconds: float,
 ) -> None:
+    """Keep ``loaded`` on disk; ``serialized``: its bytes, when the helper made them."""
     try:
-        blob = platform.client.serialize_executable(loaded)
+        blob = serialized or platform.client.serialize_executable(loaded)
     except Exception as exc:  # a plugin without serialization: run, just do not cache
         log.info("tpu_inductor: %s cannot serialize executables (%s); not caching", platform.name, exc)
         return

@@ -1,0 +1,112 @@
+"""XLA:CPU's compiler in the helper process that runs torch-mlir's pipelines.
+
+Why: XLA aborts the process on some programs (a ``CHECK`` failure in a pass,
+a fatal error in LLVM's code generation), and an abort cannot be caught: the
+user's program would die with it, where the promise is that a lowering
+problem never fails the user's call. So on the CPU client the executable is
+compiled in the helper process (lowering/pipelines.py starts and restarts
+it), serialized there, and loaded here with ``deserialize_executable``, as a
+disk-cache hit is. When the helper dies, the island's compile fails like any
+other (:class:`XlaCompileError`, naming the crash and XLA's last words), the
+culprit search proves which op caused it, and that op runs eagerly.
+
+Only the CPU client can be isolated this way: a TPU or a GPU belongs to one
+process, and a multi-process (``torchrun``) client's collectives need every
+rank's process; those compile here. The helper's client is made like ours
+(runtime/platform.py): the same number of devices and intra-op threads, and
+``XLA_FLAGS`` from the environment it inherits.
+
+Cost, measured (benchmarks/cache.py's cold first calls, docs/performance.md):
+jaxlib's import in the helper, begun as it starts so that it overlaps
+tracing, and per executable a serialize and load of a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+from tpu_inductor.errors import LoweringError
+
+log = logging.getLogger(__name__)
+
+
+class XlaCompileError(LoweringError):
+    """XLA could not compile an island (it raised, or the helper process died)."""
+
+
+def isolatable(platform: Any) -> bool:
+    """Whether ``platform``'s executables can be compiled in the helper: our own
+    local CPU client (runtime/platform.py), whose size and threads we know."""
+    return platform.name == "cpu" and platform.xla_threads is not None
+
+
+def compile_and_load(
+    platform: Any, module: Any, devices: Any, options: Any, *, isolate: bool
+) -> tuple[Any, Optional[bytes]]:
+    """``platform.client.compile_and_load(module, devices, options)``, done in
+    the helper process when ``isolate`` and the platform allows it; with the
+    serialized executable the helper made (None when compiled here), which is
+    what the disk cache keeps: a loaded copy of it serialized again lacks its
+    functions on a mesh ("Function ... not found" when run)."""
+    if not (isolate and isolatable(platform)):
+        return platform.client.compile_and_load(module, devices, options), None
+    from tpu_inductor.lowering.pipelines import run_in_helper
+
+    reply = run_in_helper({
+        "kind": "compile",
+        "module": module.encode() if isinstance(module, str) else module,
+        "text": isinstance(module, str),
+        "options": options.SerializeAsString(),
+        "device_ids": [device.id for device in devices],
+        "num_devices": len(platform.client.devices()),
+        "threads": platform.xla_threads,
+    })
+    if "crashed" in reply:
+        said = [line for line in reply["stderr"].splitlines() if line.strip()]
+        log.warning("tpu_inductor: the helper process %s while XLA compiled an island", reply["crashed"])
+        raise XlaCompileError(
+            f"XLA's compiler crashed (the helper process {reply['crashed']}): "
+            + ("; ".join(said[-3:]) or "it printed nothing")
+        )
+    if "error" in reply:
+        raise XlaCompileError(f"XLA could not compile the island: {reply['error']}")
+    return platform.client.deserialize_executable(reply["executable"], devices), reply["executable"]
+
+
+# The helper's side: jaxlib only, no torch.
+
+_CLIENTS: dict[tuple[int, int], Any] = {}
+
+
+def import_jaxlib() -> None:
+    """Load jaxlib now (the helper does this as it starts, beside its first lowering)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as runtime/__init__.py: no INFO lines
+    from jaxlib import xla_client  # noqa: F401
+
+
+def _client(num_devices: int, threads: int) -> Any:
+    key = (num_devices, threads)
+    if key not in _CLIENTS:
+        import_jaxlib()
+        from jaxlib import xla_client
+
+        os.environ["PJRT_NPROC"] = str(threads)  # read as the client starts (runtime/platform.py)
+        _CLIENTS[key] = xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
+    return _CLIENTS[key]
+
+
+def serve_compile(request: dict) -> dict:
+    """``{"executable": <serialized>}`` for one compile request, or ``{"error": ...}``."""
+    from jaxlib import _jax
+
+    client = _client(request["num_devices"], request["threads"])
+    by_id = {device.id: device for device in client.devices()}
+    devices = _jax.DeviceList(tuple(by_id[i] for i in request["device_ids"]))
+    module = request["module"].decode() if request["text"] else request["module"]
+    try:
+        loaded = client.compile_and_load(module, devices, _jax.CompileOptions.ParseFromString(request["options"]))
+        return {"executable": client.serialize_executable(loaded)}
+    except Exception as exc:  # noqa: BLE001 - XlaRuntimeError and kin: the parent's error to raise
+        return {"error": str(exc)}
