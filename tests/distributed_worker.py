@@ -46,6 +46,18 @@ def collectives(rank: int, world: int) -> dict:
     return {"max_diff": max((a - b).abs().max().item() for a, b in zip(got, expected)), **_report()}
 
 
+def all_to_all(rank: int, world: int) -> dict:
+    """Equal splits: each rank sends its j-th block of rows to rank j."""
+
+    def step(x):
+        return funcol.all_to_all_single(x * 2, None, None, dist.group.WORLD) + 1
+
+    x = torch.arange(8 * 3, dtype=torch.float32).reshape(8, 3) + 100 * rank
+    expected = step(x)  # the process group (gloo) in eager
+    got = torch.compile(step, backend="tpu", options=OPTIONS)(x)
+    return {"max_diff": (got - expected).abs().max().item(), **_report()}
+
+
 def data_parallel(rank: int, world: int, model_kind: str = "mlp") -> dict:
     """Each rank takes its half of the batch; gradients averaged in a compiled graph."""
     torch.manual_seed(0)

@@ -22,9 +22,10 @@ import pytest
 WORKER = Path(__file__).with_name("distributed_worker.py")
 RANKS = 2
 # The ranks that compile different graphs go last: the runtime is theirs to spoil.
-SCENARIOS = ("collectives", "data_parallel:mlp", "data_parallel:transformer", "tensor_parallel", "different_graphs")
+SCENARIOS = ("collectives", "all_to_all", "data_parallel:mlp", "data_parallel:transformer", "tensor_parallel", "different_graphs")
 COLLECTIVE_OPS = ("_c10d_functional.all_reduce", "_c10d_functional.all_gather_into_tensor",
-                  "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.wait_tensor")
+                  "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_to_all_single",
+                  "_c10d_functional.wait_tensor")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,15 @@ def test_functional_collectives_run_in_xla_across_processes(ranks):
         assert result["max_diff"] < 1e-5
         assert len(result["collective_islands"]) == 3
         assert set(lowered_collectives(result)) <= {"all-reduce", "all-gather", "reduce-scatter"}
+        assert no_collective_fell_back(result)
+
+
+def test_all_to_all_single_runs_in_xla(ranks):
+    for result in results(ranks, "all_to_all"):
+        assert result["max_diff"] == 0
+        (island,) = result["collective_islands"]
+        assert island["ops"] == {"_c10d_functional.all_to_all_single.default": 1}
+        assert lowered_collectives(result) == ["all-to-all"]
         assert no_collective_fell_back(result)
 
 

@@ -11,10 +11,13 @@ device), and the collective is what that array is turned into:
 * ``all_reduce(x, op)``: the rows reduced with ``op``, replicated;
 * ``all_gather_into_tensor(x)``: the rows concatenated along dim 0, replicated;
 * ``reduce_scatter_tensor(x, op)``: the rows reduced, then split along dim 0
-  over the ranks again.
+  over the ranks again;
+* ``all_to_all_single(x)`` with equal splits: each row cut into one block per
+  rank along dim 0, and row ``j`` of the result the ``j``-th blocks of every
+  row, in rank order (a transpose of the blocks), split over the ranks.
 
 The partitioner turns each into its collective (all-reduce, all-gather,
-reduce-scatter), which runs over gloo between the processes. Each rank
+reduce-scatter, all-to-all), which runs over gloo between the processes. Each rank
 passes its own row and gets its own part back. Before the first compile of
 each collective the ranks compare what they compile through the store, so
 ranks that traced different graphs get an error naming both ops instead of
@@ -47,6 +50,7 @@ LOWERED = {
     c10d.all_reduce.default: "all_reduce",
     c10d.all_gather_into_tensor.default: "all_gather_into_tensor",
     c10d.reduce_scatter_tensor.default: "reduce_scatter_tensor",
+    c10d.all_to_all_single.default: "all_to_all_single",
 }
 """The functional collectives that run in XLA; others stay with the process group."""
 WAIT = c10d.wait_tensor.default
@@ -89,12 +93,18 @@ def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
     value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or value.dtype not in _MLIR_TYPES or value.dim() == 0:
         return "a collective of this value runs through the process group"
-    if LOWERED[node.target] != "all_gather_into_tensor":
+    kind = LOWERED[node.target]
+    group = _resolve_process_group(node.args[-1])
+    world = dist.get_world_size(group)
+    if kind == "all_to_all_single":
+        blocks = value.shape[0] // world if value.shape[0] % world == 0 else None
+        if blocks is None or any(list(sizes) != [blocks] * world for sizes in node.args[1:3]):
+            return "an all_to_all_single with uneven splits runs through the process group"
+    elif kind != "all_gather_into_tensor":
         reduce_op = node.args[1]
         if reduce_op not in _REDUCTIONS or (reduce_op == "avg" and not value.dtype.is_floating_point):
             return f"reduce op {reduce_op!r} of {value.dtype} runs through the process group"
-    group = _resolve_process_group(node.args[-1])
-    if dist.get_world_size(group) != dist.get_world_size():
+    if world != dist.get_world_size():
         return "a collective over a subgroup of the ranks runs through the process group"
     return None
 
@@ -110,7 +120,18 @@ def _program(collective: Collective, world: int) -> tuple[str, Spec, tuple[int, 
         return f"tensor<{'x'.join(map(str, dims))}x{element}>"
 
     rows = tensor((world, *shape))
-    if collective.kind == "all_gather_into_tensor":
+    if collective.kind == "all_to_all_single":
+        # [sender, receiver, block] -> [receiver, sender, block]: row j, the blocks sent to rank j.
+        blocks = tensor((world, world, shape[0] // world, *shape[1:]))
+        order = ", ".join(map(str, [1, 0, *range(2, len(shape) + 2)]))
+        out_shape = (world * shape[0], *shape[1:])
+        body = (
+            f"%b = stablehlo.reshape %x : ({rows}) -> {blocks}\n"
+            f"    %t = stablehlo.transpose %b, dims = [{order}] : ({blocks}) -> {blocks}\n"
+            f"    %r = stablehlo.reshape %t : ({blocks}) -> {tensor(out_shape)}"
+        )
+        result, local = (_RANKS,) + (None,) * (len(shape) - 1), shape
+    elif collective.kind == "all_gather_into_tensor":
         out_shape = (world * shape[0], *shape[1:])
         body = f"%r = stablehlo.reshape %x : ({rows}) -> {tensor(out_shape)}"
         result, local = (None,) * len(out_shape), out_shape
