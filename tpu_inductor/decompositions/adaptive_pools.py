@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from tpu_inductor.torch_api import pytorch_decomposition
+
 aten = torch.ops.aten
 
 # Elements of one gathered window tensor (output positions x longest window
@@ -164,7 +166,8 @@ def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int], spatial: int
 def _max_pool2d(x: torch.Tensor, output_size: Sequence[int]):
     """PyTorch's decomposition where it has one (global, or evenly dividing
     windows: a plain max pool), the windowed one otherwise."""
-    result = torch._decomp.decomposition_table[aten.adaptive_max_pool2d.default](x, output_size)
+    pytorch = pytorch_decomposition(aten.adaptive_max_pool2d.default)  # from torch 2.12 on
+    result = pytorch(x, output_size) if pytorch is not None else NotImplemented
     return _adaptive_max_pool(x, output_size, 2) if result is NotImplemented else result
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from tpu_inductor.torch_api import pytorch_decomposition
+
 from tpu_inductor.decompositions.window_arguments import per_dim, pooled_size
 
 aten = torch.ops.aten
@@ -243,7 +245,7 @@ def _accumulated_in_float32(op):
 EXACT_VALUE_DECOMPOSITIONS: dict = {
     aten.max_pool2d_with_indices.default: _max_pool_exact_windows(aten.max_pool2d_with_indices.default, 2),
     aten.max_pool3d_with_indices.default: _max_pool_exact_windows(
-        aten.max_pool3d_with_indices.default, 3, torch._decomp.decomposition_table[aten.max_pool3d_with_indices.default]
+        aten.max_pool3d_with_indices.default, 3, pytorch_decomposition(aten.max_pool3d_with_indices.default)
     ),
     aten.div.Tensor_mode: _integer_floor_division,
     aten.div.Scalar_mode: _integer_floor_division,

@@ -50,6 +50,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from tpu_inductor.torch_api import pytorch_decomposition
+
 aten = torch.ops.aten
 
 
@@ -253,7 +255,7 @@ def _empty_trace(x: torch.Tensor) -> torch.Tensor:
     other matrix keeps PyTorch's decomposition (the sum of the diagonal),
     which this entry replaces in the table."""
     if x.dim() != 2 or not all(isinstance(n, int) for n in x.shape) or min(x.shape) != 0:
-        return torch._decomp.decomposition_table[aten.trace.default](x)
+        return pytorch_decomposition(aten.trace.default)(x)
     dtype = x.dtype if x.is_floating_point() or x.is_complex() else torch.int64
     return x.new_zeros((), dtype=dtype)
 

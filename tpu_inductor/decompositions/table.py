@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from tpu_inductor.torch_api import pytorch_decomposition
+
 from tpu_inductor.decompositions.adaptive_pools import ADAPTIVE_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
@@ -305,7 +307,7 @@ _OURS: dict = {
     aten.clamp.Tensor: _broadcast_clamp,
     aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
-    aten.diagonal.default: torch._decomp.decomposition_table[aten.diagonal.default],
+    aten.diagonal.default: pytorch_decomposition(aten.diagonal.default),
     aten.diagonal_scatter.default: _diagonal_scatter_by_index_put,
     aten.unfold.default: _unfold_by_gather,
     aten.reciprocal.default: _integer_reciprocal,
@@ -317,9 +319,9 @@ _OURS: dict = {
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
     # torch-mlir cannot lower the pooling backward; PyTorch's decomposition
     # (a scatter_add of the gradients at the argmax indices) lowers exactly.
-    aten.max_pool2d_with_indices_backward.default: torch._decomp.decomposition_table[
+    aten.max_pool2d_with_indices_backward.default: pytorch_decomposition(
         aten.max_pool2d_with_indices_backward.default
-    ],
+    ),
 }
 
 
@@ -422,4 +424,5 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     if keep_attention:
         for op in ATTENTION_OPS:
             table.pop(op, None)
-    return table
+    # None: a PyTorch decomposition this torch does not have (torch_api.pytorch_decomposition).
+    return {op: decomposition for op, decomposition in table.items() if decomposition is not None}

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 INSTALL_HINT = {
     "cpu": "pip install jaxlib",
-    "cuda": "pip install 'tpu_inductor[cuda]' (jax's CUDA plugin) on a machine with an NVIDIA GPU",
+    "cuda": "pip install 'tpu_inductor[cuda]' (jax's CUDA 13 plugin; '[cuda12]' for CUDA 12) on a machine with an NVIDIA GPU",
     "tpu": "pip install 'tpu_inductor[tpu]' (libtpu) on a TPU VM",
 }
 
