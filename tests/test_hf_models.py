@@ -31,6 +31,8 @@ from typing import Any
 import pytest
 import torch
 
+from torch_versions import dynamo_breaks_on_deepcopy
+
 pytest.importorskip("transformers")
 
 import tpu_inductor.report as report
@@ -108,9 +110,8 @@ def _assert_backend(expected_fallbacks: frozenset[str], expected_breaks: int) ->
     assert fallbacks == expected_fallbacks, "\n".join(
         f"{f.op}: {f.reason} ({f.source})" for f in current.fallbacks()
     ) or "expected fallbacks no longer happen: update the table"
-    assert len(current.graph_breaks) == expected_breaks, [
-        (b.reason, b.source) for b in current.graph_breaks
-    ]
+    breaks = [b for b in current.graph_breaks if not (dynamo_breaks_on_deepcopy() and b.reason == "copy.deepcopy()")]
+    assert len(breaks) == expected_breaks, [(b.reason, b.source) for b in breaks]
 
 
 @pytest.mark.parametrize("model_type,head", list(INFERENCE), ids=[f"{m}-{h}" for m, h in INFERENCE])

@@ -232,7 +232,10 @@ def test_optimizer_step_updates_parameters_in_place():
     torch.manual_seed(2)
     actual = _train(model, step)
     for a, e in zip(actual, expected):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)  # eager's own kernels
+        # Eager's own kernels, but the first step (it creates the momentum
+        # buffers) runs on XLA, which may contract a * b + c into one fused
+        # multiply-add: a float32 ulp (torch 2.11's graph of that step).
+        torch.testing.assert_close(a, e, rtol=1.2e-7, atol=3e-8)
     assert [p.data_ptr() for p in model.parameters()] == pointers
     graphs = report.current().graphs
     choices = [k for g in graphs for k in g.eager_kernels]

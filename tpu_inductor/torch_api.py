@@ -15,6 +15,6 @@ import torch
 
 def pytorch_decomposition(op: torch._ops.OpOverload) -> Optional[Callable]:
     """PyTorch's own decomposition of ``op``, or None where this torch has none
-    (``max_pool3d_with_indices``, ``max_pool2d_with_indices_backward`` and
-    ``adaptive_max_pool2d`` have one from 2.12 on)."""
+    (``max_pool3d_with_indices`` and ``adaptive_max_pool2d`` have one from
+    2.12 on)."""
     return torch._decomp.decomposition_table.get(op)

@@ -6,6 +6,11 @@ operands), so every CNN with average pooling
 (squeeze-excite blocks, ResNet-D shortcuts, Inception) ran its pooling
 backward in eager between device islands. Here it becomes a scale by each
 window's divisor and a sum of shifted slices, which lower.
+
+The same holds for ``aten.max_pool2d_with_indices_backward``: it becomes a
+``scatter_add`` of the gradients at the indices the forward chose, as in
+PyTorch's own decomposition from 2.12 on, here for every torch version
+(2.11 has none, and every CNN with a max pool trained with it in eager).
 """
 
 from __future__ import annotations
@@ -89,7 +94,27 @@ def _avg_pool_backward(spatial_dims: int) -> Callable:
     return decomposition
 
 
+def _max_pool_backward(dims: int) -> Callable:
+    def decomposition(grad_output, input, kernel_size, stride, padding, dilation, ceil_mode, indices):
+        # The indices are positions within each input plane (eager's): add each
+        # output's gradient there, summing where windows overlap; float16 and
+        # bfloat16 sum in float32, as PyTorch's decomposition does.
+        wide = grad_output.dtype in (torch.float16, torch.bfloat16)
+        planes = input.shape[:-dims]
+        flat = torch.zeros(
+            (*planes, math.prod(input.shape[-dims:])),
+            dtype=torch.float32 if wide else grad_output.dtype,
+            device=grad_output.device,
+        )
+        source = grad_output.flatten(-dims).to(flat.dtype)
+        grad_input = flat.scatter_add(-1, indices.flatten(-dims), source)
+        return grad_input.reshape(input.shape).to(grad_output.dtype)
+
+    return decomposition
+
+
 POOLING_BACKWARD_DECOMPOSITIONS: dict = {
     aten.avg_pool2d_backward.default: _avg_pool_backward(2),
     aten.avg_pool3d_backward.default: _avg_pool_backward(3),
+    aten.max_pool2d_with_indices_backward.default: _max_pool_backward(2),
 }

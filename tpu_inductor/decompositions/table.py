@@ -317,11 +317,6 @@ _OURS: dict = {
     aten.topk.default: keep_unsorted_topk,
     aten.histc.default: _histc_by_scatter_add,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval_as_scale_shift,
-    # torch-mlir cannot lower the pooling backward; PyTorch's decomposition
-    # (a scatter_add of the gradients at the argmax indices) lowers exactly.
-    aten.max_pool2d_with_indices_backward.default: pytorch_decomposition(
-        aten.max_pool2d_with_indices_backward.default
-    ),
 }
 
 
