@@ -16,9 +16,10 @@ rank's process; those compile here. The helper's client is made like ours
 (runtime/platform.py): the same number of devices and intra-op threads, and
 ``XLA_FLAGS`` from the environment it inherits.
 
-Cost, measured (benchmarks/cache.py's cold first calls, docs/performance.md):
-jaxlib's import in the helper, begun as it starts so that it overlaps
-tracing, and per executable a serialize and load of a few milliseconds.
+Cost: jaxlib's import in the helper, begun as it starts so that it overlaps
+tracing, and per executable a serialize and load of a few milliseconds; a
+cold first call, torch-mlir's isolation and this together, took 0.3 to 0.4 s
+longer (docs/performance.md, "What isolating torch-mlir and XLA costs").
 """
 
 from __future__ import annotations
