@@ -50,6 +50,11 @@ from benchmarks import sweep_common as common  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "int64")
 # Worst first: an op's outcome is that of its worst sample.
+RANDOM_PROBE_SEEDS = (1, 2, 3)
+"""Seeds eager runs a sample under besides 0 to see whether it draws random
+numbers. One was not enough: ``fractional_max_pool3d``'s windows gave the same
+output under seeds 0 and 1 in 12 of 48 samples (3 distinct outputs over 8
+seeds), so the device's own draws (``fallback_random=False``) looked like a mismatch."""
 RANK = ("crash", "mismatch", "error", "timeout", "dynamo_error", "pass", "random", "nondeterministic", "skipped")
 ALL_SAMPLES = 10**9
 UNINITIALIZED_OUTPUTS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
@@ -99,7 +104,7 @@ def run_task(task: dict, log: common.WorkerLog) -> None:
                 if not _same(expected, _eager(fn, tensors, seed=0)):
                     result["outcome"] = "nondeterministic"  # uninitialized memory
                     continue
-                if not _same(expected, _eager(fn, tensors, seed=1)):
+                if any(not _same(expected, _eager(fn, tensors, seed=seed)) for seed in RANDOM_PROBE_SEEDS):
                     result["outcome"] = "random"  # depends on the generator
                     continue
             except Exception:  # noqa: BLE001
