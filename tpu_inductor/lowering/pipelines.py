@@ -142,6 +142,12 @@ def start_worker() -> None:
     _WORKER.start()
 
 
+def last_words(crashed: dict, doing: str) -> list[str]:
+    """Log that the helper died while ``doing``; the non-empty lines it printed last."""
+    log.warning("tpu_inductor: the helper process %s while %s", crashed["crashed"], doing)
+    return [line for line in crashed["stderr"].splitlines() if line.strip()]
+
+
 def run_in_helper(request: dict) -> dict:
     """The helper's reply to ``request``, or ``{"crashed": <how>, "stderr": <its last words>}``
     (the next request starts a new helper)."""
@@ -170,8 +176,7 @@ def to_stablehlo(
     reply = _WORKER.run({"module": bytecode.getvalue(), "pipelines": pipelines, "fix_up": fix_up,
                          "for_cpu": for_cpu, "text": text})
     if "crashed" in reply:
-        said = [line for line in reply["stderr"].splitlines() if line.strip()]
-        log.warning("tpu_inductor: torch-mlir's helper process %s while lowering an island", reply["crashed"])
+        said = last_words(reply, "lowering an island")
         raise IslandLoweringError(
             f"torch-mlir's pass pipelines (the helper process {reply['crashed']})",
             said[-3:] or [f"the helper process {reply['crashed']}"],

@@ -97,8 +97,8 @@ def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
     group = _resolve_process_group(node.args[-1])
     world = dist.get_world_size(group)
     if kind == "all_to_all_single":
-        blocks = value.shape[0] // world if value.shape[0] % world == 0 else None
-        if blocks is None or any(list(sizes) != [blocks] * world for sizes in node.args[1:3]):
+        even = [value.shape[0] // world] * world
+        if value.shape[0] % world or any(list(sizes) != even for sizes in node.args[1:3]):
             return "an all_to_all_single with uneven splits runs through the process group"
     elif kind != "all_gather_into_tensor":
         reduce_op = node.args[1]

@@ -24,13 +24,10 @@ longer (docs/performance.md, "What isolating torch-mlir and XLA costs").
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Optional
 
 from tpu_inductor.errors import LoweringError
-
-log = logging.getLogger(__name__)
 
 
 class XlaCompileError(LoweringError):
@@ -53,7 +50,7 @@ def compile_and_load(
     functions on a mesh ("Function ... not found" when run)."""
     if not (isolate and isolatable(platform)):
         return platform.client.compile_and_load(module, devices, options), None
-    from tpu_inductor.lowering.pipelines import run_in_helper
+    from tpu_inductor.lowering.pipelines import last_words, run_in_helper
 
     reply = run_in_helper({
         "kind": "compile",
@@ -65,8 +62,7 @@ def compile_and_load(
         "threads": platform.xla_threads,
     })
     if "crashed" in reply:
-        said = [line for line in reply["stderr"].splitlines() if line.strip()]
-        log.warning("tpu_inductor: the helper process %s while XLA compiled an island", reply["crashed"])
+        said = last_words(reply, "XLA compiled an island")
         raise XlaCompileError(
             f"XLA's compiler crashed (the helper process {reply['crashed']}): "
             + ("; ".join(said[-3:]) or "it printed nothing")
@@ -82,7 +78,7 @@ _CLIENTS: dict[tuple[int, int], Any] = {}
 
 
 def import_jaxlib() -> None:
-    """Load jaxlib now (the helper does this as it starts, beside its first lowering)."""
+    """Load jaxlib now (the helper does this while it waits for its first request)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as runtime/__init__.py: no INFO lines
     from jaxlib import xla_client  # noqa: F401
 
