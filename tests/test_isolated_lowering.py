@@ -100,3 +100,8 @@ def test_an_xla_abort_moves_its_ops_to_eager_and_the_rest_stays_on_the_device(ca
     assert "aten.expand.default does not lower" in caplog.text and "overflow in static extent product" in caplog.text
     (island,) = graph.islands
     assert island.ops == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1} and island.executions == 1
+    # The views that moved to eager are in the report, with XLA's words.
+    fallbacks = report.current().fallbacks()
+    assert [f.op for f in fallbacks] == ["aten.expand.default", "aten.slice.Tensor"]
+    assert all("overflow in static extent product" in f.reason for f in fallbacks)
+    assert "overflow in static extent product" in str(report.current()).split("Reproducers:")[1]

@@ -193,6 +193,9 @@ SMALL_CORNERS = {
     ),
     "unfold_0d": (lambda a, b: a.unfold(0, 1, 1) * b, (torch.tensor(3.0), torch.randn(4)), 0),
     "unfold_0d_size_0": (lambda a, b: a.unfold(0, 0, 1).sum() + b, (torch.tensor(3.0), torch.randn(4)), 0),
+    # torch-mlir read an end of 0 as the dim's size (passes/empty_slices_at_the_end.py).
+    "slice_to_0": (lambda a, b: a[:0] * 2, (torch.randn(4), torch.randn(1)), 0),
+    "slice_negative_start_to_0": (lambda a, b: a[:, -3:0].sum(1) + b, (torch.randn(4, 5), torch.randn(4)), 0),
 }
 
 

@@ -408,20 +408,38 @@ def _compile_island(
     executable, stats = compile_module(
         lowered.module, lowered.input_specs, lowered.output_specs, context, island.name, layout, shardings
     )
+    island_record = compiled_island_record(
+        island.name, len(island.nodes), executable, stats, lower_stats.seconds, lower_stats.source,
+        ops=hooks.op_counts(island.nodes),
+    )
+    hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
+    return executable, island_record
+
+
+def compiled_island_record(
+    name: str,
+    num_nodes: int,
+    executable: Any,
+    stats: Any,
+    lower_seconds: float,
+    lower_source: str,
+    ops: Optional[dict[str, int]] = None,
+) -> report.IslandRecord:
+    """The report's entry for an executable :func:`compile_module` made, a
+    static island's or one bucket's of a symbolic island (dynamic/island.py)."""
     island_record = report.IslandRecord(
-        name=island.name,
-        num_nodes=len(island.nodes),
+        name=name,
+        num_nodes=num_nodes,
         compile_source=stats.source,
-        lower_seconds=lower_stats.seconds,
+        lower_seconds=lower_seconds,
         compile_seconds=stats.seconds,
         cache_key=stats.key,
-        lower_source=lower_stats.source,
-        ops=hooks.op_counts(island.nodes),
+        lower_source=lower_source,
+        ops=ops or {},
     )
     if isinstance(executable, ShardedExecutable):
         executable.record_into(island_record)
-    hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
-    return executable, island_record
+    return island_record
 
 
 def _compile_collective(island: Island) -> tuple[Any, report.IslandRecord]:

@@ -30,7 +30,6 @@ from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import DeviceExecutable
 from tpu_inductor.runtime.executable import TensorSpec
-from tpu_inductor.runtime.sharded import ShardedExecutable
 
 log = logging.getLogger(__name__)
 
@@ -115,24 +114,16 @@ class SymbolicIsland:
         if self._layout is not None:
             layout, inputs = self._layout
             shardings = layout.input_shardings(inputs, [s.shape for s in input_specs], sizes)
-        from tpu_inductor.compiled_graph import compile_module  # it builds on this package
+        from tpu_inductor.compiled_graph import compile_module, compiled_island_record  # it builds on this package
 
         executable, stats = compile_module(
             module, input_specs, output_specs, context, f"{self.island_name}[{label}]", layout, shardings
         )
         self._executables[key] = executable
         if self._record is not None:
-            island_record = report.IslandRecord(
-                name=f"{self.island_name}[{label}]",
-                num_nodes=self._num_nodes,
-                compile_source=stats.source,
-                lower_seconds=refined_seconds,
-                compile_seconds=stats.seconds,
-                cache_key=stats.key,
-                lower_source="refined",
+            island_record = compiled_island_record(
+                f"{self.island_name}[{label}]", self._num_nodes, executable, stats, refined_seconds, "refined"
             )
-            if isinstance(executable, ShardedExecutable):
-                executable.record_into(island_record)
             self._record.islands.append(island_record)
             hooks.on_island_compiled(self._record, island_record, module, check_tpu=context.checks_tpu_readiness)
         return executable

@@ -17,6 +17,7 @@ from tpu_inductor.passes.as_strided_as_gather import as_strided_as_gather
 from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
+from tpu_inductor.passes.empty_slices_at_the_end import empty_slices_at_the_end
 from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
 from tpu_inductor.passes.pad_into_convolution import pad_into_convolution
 from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
@@ -34,6 +35,7 @@ PIPELINE: tuple[GraphPass, ...] = (
     mask_index_put_as_where,
     wrap_negative_indices,
     clamp_slice_bounds,
+    empty_slices_at_the_end,
     as_strided_as_gather,
     pad_into_convolution,
     remove_dead_code,

@@ -216,8 +216,11 @@ def settle(
     """Accept the compute ops left to eager: record each fallback and choice,
     or, under ``strict``, refuse the fallbacks in one error naming each op and line.
 
-    ``in_islands``: the nodes the partition put on the device; only compute
-    nodes that produce tensors are recorded (shape arithmetic is bookkeeping).
+    ``in_islands``: the nodes the partition put on the device; only nodes
+    that produce tensors are recorded (shape arithmetic is bookkeeping). A
+    view is recorded when it was decided eager itself (an ``expand`` XLA
+    cannot compile), not when it only rides along with the ``as_strided``
+    that reads its storage.
     """
     from tpu_inductor.errors import UnsupportedOpError, describe_node
     from tpu_inductor.placement.partition import is_compute, produces_tensor
@@ -226,7 +229,9 @@ def settle(
         return [
             (node, decision)
             for node, decision in placement.eager(kinds)
-            if node not in in_islands and is_compute(node) and produces_tensor(node)
+            if node not in in_islands
+            and produces_tensor(node)
+            and (is_compute(node) or decision.why != "reads eager's layout")
         ]
 
     fallbacks = recorded(FALLBACKS)

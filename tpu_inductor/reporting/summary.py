@@ -188,6 +188,12 @@ def summarize(report: record.Report) -> str:
         lines.append(f"TPU readiness ({_plural(len(checked), 'island')} checked): {verdict}")
         lines += _cut([f"  {name}: {f['kind']} in {f['op']} ({f['detail']})" for name, f in unexplained])
     _section(
-        lines, "Reproducers:", [f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.path}" for r in report.repros]
+        lines,
+        "Reproducers:",
+        [
+            f"  {r.stage} failed for graph {r.graph_id} {r.island}: {r.error}"
+            + (f" (reproducer: {r.path})" if r.path else "")
+            for r in report.repros
+        ],
     )
     return "\n".join(lines)
