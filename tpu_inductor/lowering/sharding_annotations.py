@@ -23,10 +23,11 @@ def annotate_shardings(
 ) -> bytes:
     """``module`` (StableHLO bytecode) with a mesh of ``mesh_axes`` and, per
     argument and result of ``main``, the mesh axis each dim is split over."""
-    from jax._src.interpreters import mlir as jax_mlir  # a context with the StableHLO and Shardy dialects
     from jaxlib.mlir import ir
 
-    with jax_mlir.make_ir_context(), ir.Location.unknown():
+    from tpu_inductor.runtime.jaxlib_api import mlir_context
+
+    with mlir_context(), ir.Location.unknown():
         parsed = ir.Module.parse(module)
         main = next(
             op for op in parsed.body.operations

@@ -32,11 +32,10 @@ import logging
 from typing import Optional
 
 import torch
-from jaxlib import _hlo, _jax
 from torch.utils.dlpack import to_dlpack
 
 from tpu_inductor.errors import LoweringError, RanksDisagreeError
-from tpu_inductor.runtime import transfer
+from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.runtime.executable import spmd_compile_options
@@ -188,8 +187,6 @@ class CollectiveExecutable:
     """One compiled collective: this rank's tensor in, this rank's result out."""
 
     def __init__(self, collective: Collective, runtime: DistributedRuntime, name: str) -> None:
-        from jax._src import core
-
         from tpu_inductor.runtime.executable import TensorSpec
 
         self.collective = collective
@@ -200,19 +197,19 @@ class CollectiveExecutable:
         mesh = Mesh(((_RANKS, world),), runtime.devices)
         rows: Spec = (_RANKS,) + (None,) * len(collective.shape)
         module = annotate_shardings(text.encode(), mesh.axes, [rows], [result])
-        devices = _jax.DeviceList(mesh.devices)
+        devices = jaxlib_api.DeviceList(mesh.devices)
         self._loaded = runtime.client.compile_and_load(module, devices, spmd_compile_options(mesh))
         self.collectives = count_collectives(self._loaded)
         self._device = runtime.local_device
-        self._aval = core.ShapedArray((world, *collective.shape), transfer.numpy_dtype(collective.dtype))
-        self._sharding = _jax.GSPMDSharding(devices, _hlo.HloSharding.from_string(mesh.hlo_sharding(rows)))
+        self._aval = jaxlib_api.shaped_array((world, *collective.shape), transfer.numpy_dtype(collective.dtype))
+        self._sharding = jaxlib_api.hlo_sharding(devices, mesh.hlo_sharding(rows))
         self.input_specs = (TensorSpec(collective.shape, collective.dtype),)
         self.output_specs = (TensorSpec(local_out, collective.dtype),)
 
     def run(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         row = tensor.detach().contiguous().unsqueeze(0)
-        local = _jax.dlpack_managed_tensor_to_buffer(to_dlpack(row), self._device, None)
-        argument = _jax.ArrayImpl(self._aval, self._sharding, [local], True, _skip_checks=True)
+        local = jaxlib_api.buffer_from_dlpack(to_dlpack(row), self._device, None)
+        argument = jaxlib_api.ArrayImpl(self._aval, self._sharding, [local], True, _skip_checks=True)
         # Each rank addresses its one device: one array of the result is its part.
         ((mine,),) = self._loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
         return [transfer.host_tensor(mine)]

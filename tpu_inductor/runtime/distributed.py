@@ -79,7 +79,8 @@ def store() -> Any:
 
 def _join() -> DistributedRuntime:
     import torch.distributed as dist
-    from jaxlib import _jax
+
+    from tpu_inductor.runtime import jaxlib_api
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     shared = store()
@@ -87,20 +88,13 @@ def _join() -> DistributedRuntime:
     if rank == 0:
         host = socket.gethostname()
         address = f"{host}:{_free_port()}"
-        service = _jax.get_distributed_runtime_service(address, world_size)
+        service = jaxlib_api.distributed_runtime_service(address, world_size)
         shared.set(_ADDRESS_KEY, address)
     shared.wait([_ADDRESS_KEY], _TIMEOUT)
     address = shared.get(_ADDRESS_KEY).decode()
-    coordinator = _jax.get_distributed_runtime_client(address, rank, init_timeout=int(_TIMEOUT.total_seconds()))
+    coordinator = jaxlib_api.distributed_runtime_client(address, rank, int(_TIMEOUT.total_seconds()))
     coordinator.connect()
-    client = _jax.get_tfrt_cpu_client(
-        asynchronous=False,
-        distributed_client=coordinator,
-        node_id=rank,
-        num_nodes=world_size,
-        collectives=_jax.make_gloo_tcp_collectives(coordinator),
-        num_devices=1,
-    )
+    client = jaxlib_api.distributed_cpu_client(coordinator, rank, world_size)
     log.info("tpu_inductor: rank %d of %d joined the PJRT distributed runtime at %s", rank, world_size, address)
     joined = DistributedRuntime(client, rank, world_size, service, coordinator)
     atexit.register(_shutdown, joined)

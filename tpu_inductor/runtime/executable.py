@@ -20,12 +20,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from jaxlib import _jax
 
 from tpu_inductor import report
 from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
-from tpu_inductor.runtime import transfer
+from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
 from tpu_inductor.runtime.isolated_compile import compile_and_load
 from tpu_inductor.runtime.mesh import Mesh
@@ -124,13 +123,13 @@ class DeviceExecutable:
 def spmd_compile_options(mesh: Mesh) -> Any:
     """Compile options for one program partitioned over ``mesh``'s devices (one replica)."""
     devices = mesh.devices
-    options = _jax.CompileOptions()
+    options = jaxlib_api.CompileOptions()
     options.num_replicas = 1
     options.num_partitions = len(devices)
     build = options.executable_build_options
     build.use_spmd_partitioning = True
     build.use_shardy_partitioner = True  # the annotations are Shardy's (lowering/sharding_annotations.py)
-    options.device_assignment = _jax.DeviceAssignment.create(
+    options.device_assignment = jaxlib_api.DeviceAssignment.create(
         np.array([[device.id for device in devices]], dtype=np.int32)
     )
     return options
@@ -139,7 +138,7 @@ def spmd_compile_options(mesh: Mesh) -> Any:
 def _compile_options(mesh: Optional[Mesh] = None) -> Any:
     """The options an executable is compiled with: XLA's defaults, or SPMD
     partitioning over ``mesh``'s devices."""
-    return spmd_compile_options(mesh) if mesh is not None else _jax.CompileOptions()
+    return spmd_compile_options(mesh) if mesh is not None else jaxlib_api.CompileOptions()
 
 
 @functools.cache
@@ -200,7 +199,7 @@ def compile_stablehlo(
     started = time.perf_counter()
     key = executable_key(module, input_specs, platform, xla_flags, mesh)
     digest = key.digest
-    devices = _jax.DeviceList(tuple(mesh.devices) if mesh is not None else (platform.device,))
+    devices = jaxlib_api.DeviceList(tuple(mesh.devices) if mesh is not None else (platform.device,))
     loaded = STATE.executables.get(digest)
     source = "memory"
     if loaded is None and disk_cache is not None:

@@ -79,31 +79,31 @@ _CLIENTS: dict[tuple[int, int], Any] = {}
 
 def import_jaxlib() -> None:
     """Load jaxlib now (the helper does this while it waits for its first request)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as runtime/__init__.py: no INFO lines
-    from jaxlib import xla_client  # noqa: F401
+    from tpu_inductor.runtime import jaxlib_api  # runtime/__init__.py keeps jaxlib's INFO lines off
+
+    jaxlib_api.preload()
 
 
 def _client(num_devices: int, threads: int) -> Any:
     key = (num_devices, threads)
     if key not in _CLIENTS:
-        import_jaxlib()
-        from jaxlib import xla_client
+        from tpu_inductor.runtime import jaxlib_api
 
         os.environ["PJRT_NPROC"] = str(threads)  # read as the client starts (runtime/platform.py)
-        _CLIENTS[key] = xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
+        _CLIENTS[key] = jaxlib_api.make_cpu_client(num_devices)
     return _CLIENTS[key]
 
 
 def serve_compile(request: dict) -> dict:
     """``{"executable": <serialized>}`` for one compile request, or ``{"error": ...}``."""
-    from jaxlib import _jax
+    from tpu_inductor.runtime import jaxlib_api
 
     client = _client(request["num_devices"], request["threads"])
     by_id = {device.id: device for device in client.devices()}
-    devices = _jax.DeviceList(tuple(by_id[i] for i in request["device_ids"]))
+    devices = jaxlib_api.DeviceList(tuple(by_id[i] for i in request["device_ids"]))
     module = request["module"].decode() if request["text"] else request["module"]
     try:
-        loaded = client.compile_and_load(module, devices, _jax.CompileOptions.ParseFromString(request["options"]))
+        loaded = client.compile_and_load(module, devices, jaxlib_api.CompileOptions.ParseFromString(request["options"]))
         return {"executable": client.serialize_executable(loaded)}
     except Exception as exc:  # noqa: BLE001 - XlaRuntimeError and kin: the parent's error to raise
         return {"error": str(exc)}

@@ -72,15 +72,14 @@ def _make_cpu_client(num_devices: int = 1) -> tuple[Any, int]:
     Its intra-op pool gets PyTorch's thread count (runtime/threads.py); XLA
     reads the size from ``PJRT_NPROC`` as the client starts.
     """
-    from jaxlib import xla_client
-
     from tpu_inductor.config import Config
+    from tpu_inductor.runtime import jaxlib_api
     from tpu_inductor.runtime.threads import xla_cpu_threads
 
     threads, before = xla_cpu_threads(Config.load().pjrt_nproc), os.environ.get("PJRT_NPROC")
     os.environ["PJRT_NPROC"] = str(threads)
     try:
-        client = xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
+        client = jaxlib_api.make_cpu_client(num_devices)
     finally:
         if before is None:
             del os.environ["PJRT_NPROC"]
@@ -145,11 +144,11 @@ def get_platform(name: str, zero_copy: bool = True, num_devices: int = 1) -> Pla
 
 @functools.cache
 def _client(name: str, num_devices: int = 1) -> tuple[Any, Any, Optional[int]]:
-    from jax._src import xla_bridge
+    from tpu_inductor.runtime import jaxlib_api
 
     try:
         client, threads = (
-            _make_cpu_client(num_devices) if name == "cpu" else (xla_bridge.get_backend(name), None)
+            _make_cpu_client(num_devices) if name == "cpu" else (jaxlib_api.jax_backend(name), None)
         )
     except RuntimeError as exc:
         raise PlatformUnavailableError(

@@ -17,13 +17,12 @@ import re
 from typing import Any, Sequence
 
 import torch
-from jaxlib import _hlo, _jax
 from torch.utils.dlpack import to_dlpack
 
 from tpu_inductor.runtime.executable import DeviceExecutable
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.platform import Platform
-from tpu_inductor.runtime import transfer
+from tpu_inductor.runtime import jaxlib_api, transfer
 
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 
@@ -47,17 +46,15 @@ class ShardedExecutable(DeviceExecutable):
         output_specs: Sequence[Any],
         name: str,
     ) -> None:
-        from jax._src import core
-
         super().__init__(loaded, platform, output_specs, name, input_specs)
         self.run = self._run_on_mesh
         self._mesh = mesh
         self._input_shardings = tuple(input_shardings)
-        devices = _jax.DeviceList(tuple(mesh.devices))
+        devices = jaxlib_api.DeviceList(tuple(mesh.devices))
         self._global = [
             (
-                core.ShapedArray(spec.shape, transfer.numpy_dtype(spec.dtype)),
-                _jax.GSPMDSharding(devices, _hlo.HloSharding.from_string(mesh.hlo_sharding(sharding))),
+                jaxlib_api.shaped_array(spec.shape, transfer.numpy_dtype(spec.dtype)),
+                jaxlib_api.hlo_sharding(devices, mesh.hlo_sharding(sharding)),
             )
             for spec, sharding in zip(self.input_specs, self._input_shardings)
         ]
@@ -80,7 +77,7 @@ class ShardedExecutable(DeviceExecutable):
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
                 raise ValueError(f"{self.name}: input {tuple(tensor.shape)} {tensor.dtype}, compiled for {spec}")
             parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
-            arguments.append(_jax.ArrayImpl(aval, global_sharding, parts, True))
+            arguments.append(jaxlib_api.ArrayImpl(aval, global_sharding, parts, True))
         results = self._loaded.execute_sharded(arguments).disassemble_into_single_device_arrays()
         outputs = [self._to_torch(per_device[0]) for per_device in results]
         if not self._outputs_checked:
@@ -90,7 +87,7 @@ class ShardedExecutable(DeviceExecutable):
     def _to_device(self, part: torch.Tensor, device: Any) -> Any:
         part = part.detach().contiguous()
         if self._platform.shares_host_memory:
-            return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(part), device, None)
+            return jaxlib_api.buffer_from_dlpack(to_dlpack(part), device, None)
         return transfer.upload(part, device)
 
     def _to_torch(self, array: Any) -> torch.Tensor:

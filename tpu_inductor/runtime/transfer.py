@@ -27,9 +27,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from jaxlib import _jax
 from torch.utils.dlpack import to_dlpack
 
+from tpu_inductor.runtime import jaxlib_api
 from tpu_inductor.runtime.platform import Platform
 
 
@@ -158,7 +158,7 @@ class HostViews:
         # to_dlpack rather than tensor.__dlpack__: the same capsule without the
         # Python-level checks (4 us less per argument); parameters that require
         # grad are fine to alias, XLA only reads them.
-        return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), self._device, None)
+        return jaxlib_api.buffer_from_dlpack(to_dlpack(tensor), self._device, None)
 
 
 def result_handler(shape: tuple[int, ...], dtype: torch.dtype, platform: Platform) -> Any:
@@ -169,14 +169,8 @@ def result_handler(shape: tuple[int, ...], dtype: torch.dtype, platform: Platfor
     executable does not. The handler does not check the buffer against the
     aval: the exported tensor takes shape and dtype from the buffer itself.
     """
-    import jax
-    from jax._src import core
-
-    return _jax.array_result_handler(
-        core.ShapedArray(shape, numpy_dtype(dtype)),
-        jax.sharding.SingleDeviceSharding(platform.device),
-        committed=True,
-        _skip_checks=True,
+    return jaxlib_api.single_device_result_handler(
+        jaxlib_api.shaped_array(shape, numpy_dtype(dtype)), platform.device
     )
 
 
@@ -196,7 +190,7 @@ def host_tensor(array: Any) -> torch.Tensor:
     The capsule straight from jaxlib (``jax.Array.__dlpack__`` costs 4 us
     more); taking it waits until the computation that defines the array is
     done."""
-    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(array))
+    return torch._C._from_dlpack(jaxlib_api.dlpack_from_buffer(array))
 
 
 def _version_of(tensor: torch.Tensor) -> Optional[int]:
@@ -214,7 +208,7 @@ def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[Resid
         # XLA runs on its own stream: wait until torch's stream has written the data.
         torch.cuda.current_stream(tensor.device).synchronize()
         device = platform.client.local_devices()[tensor.device.index or 0]
-        return _jax.dlpack_managed_tensor_to_buffer(to_dlpack(tensor), device, None)
+        return jaxlib_api.buffer_from_dlpack(to_dlpack(tensor), device, None)
     if resident is not None:
         return resident.get(tensor, platform)
     return upload(tensor, platform.device)
@@ -222,8 +216,6 @@ def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[Resid
 
 def upload(tensor: torch.Tensor, device: Any) -> Any:
     """A copy of ``tensor`` in a buffer on ``device``."""
-    import jax
-
     host = tensor.detach().cpu()
     if host.dtype == torch.bfloat16:
         import ml_dtypes
@@ -231,10 +223,7 @@ def upload(tensor: torch.Tensor, device: Any) -> Any:
         array = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
         array = host.numpy()
-    # jax canonicalises dtypes unless 64-bit types are on: without this an
-    # int64 tensor would silently arrive as int32. The context is thread-local.
-    with jax.enable_x64(True):
-        return jax.device_put(array, device)
+    return jaxlib_api.device_put(array, device)
 
 
 def to_torch(buffer: Any, platform: Platform) -> torch.Tensor:

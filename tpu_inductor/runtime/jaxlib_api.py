@@ -1,0 +1,118 @@
+"""Every jaxlib and jax API tpu_inductor calls, in one module.
+
+Why one module: jaxlib's Python API below ``jax.jit`` (``jaxlib._jax``, ``jax._src``)
+is not public and changes between releases. tpu_inductor supports jax and jaxlib
+0.10 to 0.11 (``pyproject.toml``); a name that moves is then handled here, with
+the versions named, instead of as an ``AttributeError`` in whichever module
+called it first. Compared against jaxlib 0.10.2 and jax 0.11.0's sources
+(docs/versions.md): every name below is the same in both, so nothing here
+branches on a version yet.
+
+MLIR's own Python bindings (``jaxlib.mlir.ir``) are imported where a module is
+edited (lowering/sharding_annotations.py), with the context from here.
+
+The helper process that compiles for XLA (runtime/isolated_compile.py) imports
+this module without torch: it imports nothing but jaxlib at import time, and
+``jax`` only inside the functions that need it.
+
+The per-call functions are jaxlib's own, bound once (no wrapper in between):
+an argument's import and a result's export run on every island call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jaxlib import _hlo, _jax
+
+# Bound as they are: called per argument and per result.
+buffer_from_dlpack = _jax.dlpack_managed_tensor_to_buffer
+"""``(capsule, device, stream)`` -> a PJRT buffer aliasing the capsule's memory."""
+dlpack_from_buffer = _jax.buffer_to_dlpack_managed_tensor
+"""A single-device array -> a DLPack capsule of its memory (waits until it is defined)."""
+ArrayImpl = _jax.ArrayImpl
+"""``(aval, sharding, per-device buffers, committed)``: a global array of device buffers."""
+
+CompileOptions = _jax.CompileOptions
+DeviceAssignment = _jax.DeviceAssignment
+DeviceList = _jax.DeviceList
+
+
+def shaped_array(shape: Sequence[int], numpy_dtype: Any) -> Any:
+    """jax's abstract value of an array: what an ``ArrayImpl`` or a result handler is built from."""
+    from jax._src import core
+
+    return core.ShapedArray(tuple(shape), numpy_dtype)
+
+
+def hlo_sharding(devices: Any, text: str) -> Any:
+    """A sharding over ``devices`` (a :data:`DeviceList`) from its HLO text (``{devices=[4,1]0,1,2,3}``)."""
+    return _jax.GSPMDSharding(devices, _hlo.HloSharding.from_string(text))
+
+
+def single_device_result_handler(aval: Any, device: Any) -> Any:
+    """A C++ handler that wraps one output buffer of ``device`` as a jax array, unchecked."""
+    import jax
+
+    return _jax.array_result_handler(aval, jax.sharding.SingleDeviceSharding(device), committed=True, _skip_checks=True)
+
+
+def preload() -> None:
+    """Import what a client needs now (the compile helper does while it waits)."""
+    from jaxlib import xla_client  # noqa: F401
+
+
+def device_put(array: Any, device: Any) -> Any:
+    """A copy of the numpy ``array`` in a buffer on ``device``, of its own dtype."""
+    import jax
+
+    # jax canonicalises dtypes unless 64-bit types are on: without this an
+    # int64 tensor would silently arrive as int32. The context is thread-local.
+    with jax.enable_x64(True):
+        return jax.device_put(array, device)
+
+
+def make_cpu_client(num_devices: int) -> Any:
+    """A synchronous XLA:CPU client of its own with ``num_devices`` devices."""
+    from jaxlib import xla_client
+
+    return xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
+
+
+def jax_backend(platform: str) -> Any:
+    """jax's shared client for ``platform`` (``cuda``, ``tpu``): the plugin's devices belong to it."""
+    from jax._src import xla_bridge
+
+    return xla_bridge.get_backend(platform)
+
+
+def mlir_context() -> Any:
+    """An MLIR context with the StableHLO and Shardy dialects loaded (jax's own)."""
+    from jax._src.interpreters import mlir as jax_mlir
+
+    return jax_mlir.make_ir_context()
+
+
+# ---------------------------------------------------------------- many processes
+
+
+def distributed_runtime_service(address: str, world_size: int) -> Any:
+    """The coordination service every rank's client joins (started by rank 0)."""
+    return _jax.get_distributed_runtime_service(address, world_size)
+
+
+def distributed_runtime_client(address: str, rank: int, init_timeout_s: int) -> Any:
+    return _jax.get_distributed_runtime_client(address, rank, init_timeout=init_timeout_s)
+
+
+def distributed_cpu_client(coordinator: Any, rank: int, world_size: int, num_devices: int = 1) -> Any:
+    """This rank's XLA:CPU client, one of ``world_size`` joined through
+    ``coordinator``; collectives between the processes run over gloo."""
+    return _jax.get_tfrt_cpu_client(
+        asynchronous=False,
+        distributed_client=coordinator,
+        node_id=rank,
+        num_nodes=world_size,
+        collectives=_jax.make_gloo_tcp_collectives(coordinator),
+        num_devices=num_devices,
+    )
