@@ -24,7 +24,6 @@ longer (docs/performance.md, "What isolating torch-mlir and XLA costs").
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 from tpu_inductor.errors import LoweringError
@@ -89,8 +88,7 @@ def _client(num_devices: int, threads: int) -> Any:
     if key not in _CLIENTS:
         from tpu_inductor.runtime import jaxlib_api
 
-        os.environ["PJRT_NPROC"] = str(threads)  # read as the client starts (runtime/platform.py)
-        _CLIENTS[key] = jaxlib_api.make_cpu_client(num_devices)
+        _CLIENTS[key] = jaxlib_api.make_cpu_client(num_devices, threads)  # as the user's (runtime/platform.py)
     return _CLIENTS[key]
 
 

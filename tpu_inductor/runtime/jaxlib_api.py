@@ -21,6 +21,7 @@ an argument's import and a result's export run on every island call.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 from jaxlib import _hlo, _jax
@@ -72,11 +73,21 @@ def device_put(array: Any, device: Any) -> Any:
         return jax.device_put(array, device)
 
 
-def make_cpu_client(num_devices: int) -> Any:
-    """A synchronous XLA:CPU client of its own with ``num_devices`` devices."""
+def make_cpu_client(num_devices: int, threads: int) -> Any:
+    """A synchronous XLA:CPU client of its own with ``num_devices`` devices and
+    an intra-op pool of ``threads`` (XLA reads ``PJRT_NPROC`` as the client
+    starts; the process's own value is put back after)."""
     from jaxlib import xla_client
 
-    return xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
+    before = os.environ.get("PJRT_NPROC")
+    os.environ["PJRT_NPROC"] = str(threads)
+    try:
+        return xla_client.make_cpu_client(asynchronous=False, num_devices=num_devices)
+    finally:
+        if before is None:
+            del os.environ["PJRT_NPROC"]
+        else:
+            os.environ["PJRT_NPROC"] = before
 
 
 def jax_backend(platform: str) -> Any:

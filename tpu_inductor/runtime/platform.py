@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import importlib.util
 import logging
-import os
 from typing import Any, Optional, Sequence
 
 import torch
@@ -69,20 +68,14 @@ def _make_cpu_client(num_devices: int = 1) -> tuple[Any, int]:
     inputs on the caller's thread, under the GIL, before the call returns;
     callers wait for the outputs anyway, and tiny graphs skip a thread handoff.
 
-    Its intra-op pool gets PyTorch's thread count (runtime/threads.py); XLA
-    reads the size from ``PJRT_NPROC`` as the client starts.
+    Its intra-op pool gets PyTorch's thread count (runtime/threads.py).
     """
     from tpu_inductor.config import Config
     from tpu_inductor.runtime import jaxlib_api
     from tpu_inductor.runtime.threads import xla_cpu_threads
 
-    threads, before = xla_cpu_threads(Config.load().pjrt_nproc), os.environ.get("PJRT_NPROC")
-    os.environ["PJRT_NPROC"] = str(threads)
-    try:
-        client = jaxlib_api.make_cpu_client(num_devices)
-    finally:
-        if before is None:
-            del os.environ["PJRT_NPROC"]
+    threads = xla_cpu_threads(Config.load().pjrt_nproc)
+    client = jaxlib_api.make_cpu_client(num_devices, threads)
     log.debug("tpu_inductor: XLA:CPU client with %d intra-op threads", threads)
     return client, threads
 
