@@ -252,6 +252,10 @@ def _masked_assignments():
                       torch.rand(int(cells.sum()), generator=generator), False),
         "leading_dims": (torch.rand(2, 3, 4, generator=generator), torch.tensor([[True, False, True], [False, True, True]]),
                          torch.arange(16.0).reshape(4, 4), True),
+        # Nothing selected, no values (Higgs Audio's `hidden_states[audio_mask] += audio` without audio):
+        # eager's index_select of an empty source raised in the user's call.
+        "nothing_selected": (x, torch.zeros(5, dtype=torch.bool), torch.rand(0, 5, generator=generator), False),
+        "nothing_selected_accumulate": (x, torch.zeros(5, dtype=torch.bool), torch.rand(0, 5), True),
     }
 
 

@@ -64,9 +64,16 @@ def _mask_index_put_by_gather(x: torch.Tensor, indices, values: torch.Tensor, ac
     else:
         if values.dim() != len(rest) + 1 or not x.dtype.is_floating_point:
             return NotImplemented  # an integer result could not show a miscount
-        rows = values.expand(values.shape[0], *rest)
+        if mask.numel() == 0:
+            return NotImplemented
         selected = mask.reshape(-1).cumsum(0)
-        placed = rows.index_select(0, (selected - 1).clamp(0, values.shape[0] - 1))
+        if values.shape[0] == 0:
+            # No row to gather (eager's index_select raises on an empty source):
+            # a mask that selects anything is a miscount, NaN below.
+            placed = torch.full((1, *rest), float("nan"), dtype=x.dtype, device=x.device)
+        else:
+            rows = values.expand(values.shape[0], *rest)
+            placed = rows.index_select(0, (selected - 1).clamp(0, values.shape[0] - 1))
         # Eager raises when the mask selects another number of rows than
         # values has; an executable cannot raise, so the result is all NaN
         # rather than plausible numbers.
