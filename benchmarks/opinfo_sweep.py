@@ -113,18 +113,14 @@ def run_task(task: dict, log: common.WorkerLog) -> None:
             except Exception:  # noqa: BLE001
                 result["outcome"] = "skipped"
                 continue
-            with common.fresh_cache_dir() as cache_dir:
-                compiled = torch.compile(fn, backend="tpu", options=common.tpu_options(cache_dir), dynamic=False)
-                try:
-                    torch.manual_seed(0)
-                    with test_ops.plain_opinfo_calls():
-                        actual = compiled(*[t.clone() for t in tensors])
-                except Exception as exc:  # noqa: BLE001
-                    described = common.describe(exc)
-                    result["outcome"] = "dynamo_error" if described["error_kind"] == "dynamo" else "error"
-                    result["error"] = described["error"][:300]
-                    result["sample"] = _describe_sample(sample)
-                    continue
+            try:
+                actual = _compiled(fn, tensors)
+            except Exception as exc:  # noqa: BLE001
+                described = common.describe(exc)
+                result["outcome"] = "dynamo_error" if described["error_kind"] == "dynamo" else "error"
+                result["error"] = described["error"][:300]
+                result["sample"] = _describe_sample(sample)
+                continue
             facts = common.backend_facts()
             try:
                 test_ops.assert_matches(actual, expected)
@@ -153,18 +149,25 @@ def _matches_on_torchs_generator(fn, tensors, expected) -> bool:
     """
     import torch
 
-    test_ops = _test_ops()
-    with common.fresh_cache_dir() as cache_dir:
-        options = {**common.tpu_options(cache_dir), "fallback_random": True}
-        torch._dynamo.reset()
-        compiled = torch.compile(fn, backend="tpu", options=options, dynamic=False)
-        try:
-            torch.manual_seed(0)
-            with test_ops.plain_opinfo_calls():
-                actual = compiled(*[t.clone() for t in tensors])
-        except Exception:  # noqa: BLE001
-            return False
+    torch._dynamo.reset()
+    try:
+        actual = _compiled(fn, tensors, fallback_random=True)
+    except Exception:  # noqa: BLE001
+        return False
     return _same(actual, expected)
+
+
+def _compiled(fn, tensors, **options):
+    """``fn`` compiled with backend="tpu" (a fresh cache directory, the sweep's
+    options and ``options``) and called once on copies of ``tensors``, seed 0."""
+    import torch
+
+    with common.fresh_cache_dir() as cache_dir:
+        compiled = torch.compile(fn, backend="tpu", options={**common.tpu_options(cache_dir), **options},
+                                 dynamic=False)
+        torch.manual_seed(0)
+        with _test_ops().plain_opinfo_calls():
+            return compiled(*[t.clone() for t in tensors])
 
 
 def _describe_sample(sample) -> str:

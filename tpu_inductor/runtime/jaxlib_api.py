@@ -4,7 +4,7 @@ Why one module: jaxlib's Python API below ``jax.jit`` (``jaxlib._jax``, ``jax._s
 is not public and changes between releases. tpu_inductor supports jax and jaxlib
 0.10 to 0.11 (``pyproject.toml``); a name that moves is then handled here, with
 the versions named, instead of as an ``AttributeError`` in whichever module
-called it first. Compared against jaxlib 0.10.2 and jax 0.11.0's sources
+called it first. Compared against the sources of jaxlib 0.10.2 and of jax 0.11 (0.11.1)
 (docs/versions.md): every name below is the same in both, so nothing here
 branches on a version yet.
 
