@@ -437,9 +437,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.resume and args.out.exists():
         done = {(r["model_type"], r["head"], r["mode"]): r for r in json.loads(args.out.read_text())["records"]}
     every = args.limit is None and args.only is None and args.heads == "base,causal_lm"
+    from benchmarks.sweep_common import environment
+
     meta = {
-        "date": time.strftime("%Y-%m-%d"), "transformers": transformers.__version__, "torch": torch.__version__,
-        "timeout": args.timeout, "partial": not every,
+        **environment(),
+        "date": time.strftime("%Y-%m-%d"), "transformers": transformers.__version__,
+        "timeout": args.timeout, "partial": not every, "jobs": args.jobs,
         "scope": _scope(args, tasks),
     }
     records = [done[t] for t in tasks if t in done]
