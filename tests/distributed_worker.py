@@ -29,6 +29,7 @@ def _report() -> dict:
             {"ops": i.ops, "collectives": i.collectives} for g in graphs for i in g.islands if i.lower_source == "collective"
         ],
         "fallbacks": [f.op for g in graphs for f in g.fallbacks],
+        "compute_islands": sum(1 for g in graphs for i in g.islands if i.lower_source != "collective"),
     }
 
 
@@ -58,16 +59,19 @@ def all_to_all(rank: int, world: int) -> dict:
     return {"max_diff": (got - expected).abs().max().item(), **_report()}
 
 
+def _small_model(kind: str) -> tuple[torch.nn.Sequential, torch.Tensor, torch.Tensor]:
+    """The training scenarios' model (seed 0), a batch of 8 and its target."""
+    torch.manual_seed(0)
+    if kind == "transformer":
+        layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        return torch.nn.Sequential(layer, torch.nn.Linear(32, 4)), torch.randn(8, 6, 32), torch.randn(8, 6, 4)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    return model, torch.randn(8, 16), torch.randn(8, 4)
+
+
 def data_parallel(rank: int, world: int, model_kind: str = "mlp") -> dict:
     """Each rank takes its half of the batch; gradients averaged in a compiled graph."""
-    torch.manual_seed(0)
-    if model_kind == "transformer":
-        layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
-        model = torch.nn.Sequential(layer, torch.nn.Linear(32, 4))
-        x, target = torch.randn(8, 6, 32), torch.randn(8, 6, 4)
-    else:
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-        x, target = torch.randn(8, 16), torch.randn(8, 4)
+    model, x, target = _small_model(model_kind)
     reference = copy.deepcopy(model)
     mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
     compiled = torch.compile(model, backend="tpu", options=OPTIONS)
@@ -93,6 +97,58 @@ def data_parallel(rank: int, world: int, model_kind: str = "mlp") -> dict:
         reference_optimizer.zero_grad()
         reference_losses.append(reference_loss.item())
     parameter_diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return {"losses": losses, "reference_losses": reference_losses, "parameter_diff": parameter_diff, **_report()}
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def fsdp2(rank: int, world: int, model_kind: str = "mlp") -> dict:
+    """FSDP2 (``fully_shard`` per layer, then the root), the root compiled.
+
+    FSDP2's hooks are ``torch._dynamo.disable``d: its all-gathers and
+    reduce-scatters run through the process group between the compiled
+    graphs, which hold the layers' compute on the unsharded parameters.
+    Each rank takes its half of the batch; FSDP averages the gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    layers, x, target = _small_model(model_kind)
+    # Each layer in a block class of the model's own, as TorchTitan's and
+    # transformers' layers are: Dynamo compiles user code between FSDP's
+    # hooks, but not the frames of torch.nn's modules when a hook breaks there.
+    model = torch.nn.Sequential(*(_Block(layer) for layer in layers))
+    reference = copy.deepcopy(model)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model:
+        if any(True for _ in block.parameters()):
+            fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    compiled = torch.compile(model, backend="tpu", options=OPTIONS)
+    mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    losses, reference_losses = [], []
+    for _ in range(5):
+        loss = torch.nn.functional.mse_loss(compiled(x[mine]), target[mine])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD).item())
+        reference_loss = torch.nn.functional.mse_loss(reference(x), target)
+        reference_loss.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        reference_losses.append(reference_loss.item())
+    parameter_diff = max(
+        (a.full_tensor() - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())
+    )
     return {"losses": losses, "reference_losses": reference_losses, "parameter_diff": parameter_diff, **_report()}
 
 

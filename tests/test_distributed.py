@@ -22,7 +22,8 @@ import pytest
 WORKER = Path(__file__).with_name("distributed_worker.py")
 RANKS = 2
 # The ranks that compile different graphs go last: the runtime is theirs to spoil.
-SCENARIOS = ("collectives", "all_to_all", "data_parallel:mlp", "data_parallel:transformer", "tensor_parallel", "different_graphs")
+SCENARIOS = ("collectives", "all_to_all", "data_parallel:mlp", "data_parallel:transformer", "tensor_parallel",
+             "fsdp2:mlp", "fsdp2:transformer", "different_graphs")
 COLLECTIVE_OPS = ("_c10d_functional.all_reduce", "_c10d_functional.all_gather_into_tensor",
                   "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_to_all_single",
                   "_c10d_functional.wait_tensor")
@@ -89,6 +90,21 @@ def test_tensor_parallel_linear_pair_through_dtensor(ranks):
         assert result["parameter_diff"] < 1e-5
         assert "all-reduce" in lowered_collectives(result)  # the rowwise Linear's partial sums
         assert no_collective_fell_back(result)
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_fsdp2_blocks_compile_between_its_hooks(ranks, model):
+    """``fully_shard`` per block, the root compiled, 5 SGD steps on half a batch each.
+
+    FSDP2's all-gathers and reduce-scatters run in its (Dynamo-disabled) hooks
+    through the process group; each block's forward and backward compute is a
+    compiled graph on the unsharded parameters (two blocks with parameters:
+    at least 4 islands)."""
+    for result in results(ranks, f"fsdp2:{model}"):
+        assert result["losses"] == pytest.approx(result["reference_losses"], rel=1e-5)
+        assert result["parameter_diff"] < 1e-5
+        assert result["compute_islands"] >= 4
+        assert result["fallbacks"] == []
 
 
 def test_ranks_that_trace_different_graphs_get_an_error_naming_both(ranks):
