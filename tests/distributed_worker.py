@@ -29,7 +29,7 @@ def _report() -> dict:
             {"ops": i.ops, "collectives": i.collectives} for g in graphs for i in g.islands if i.lower_source == "collective"
         ],
         "fallbacks": [f.op for g in graphs for f in g.fallbacks],
-        "compute_islands": sum(1 for g in graphs for i in g.islands if i.lower_source != "collective"),
+        "compute_islands": sum(i.lower_source != "collective" for g in graphs for i in g.islands),
     }
 
 
@@ -152,15 +152,21 @@ def fsdp2(rank: int, world: int, model_kind: str = "mlp") -> dict:
     return {"losses": losses, "reference_losses": reference_losses, "parameter_diff": parameter_diff, **_report()}
 
 
-def tensor_parallel(rank: int, world: int) -> dict:
-    """A Linear pair split colwise then rowwise through DTensor (parallelize_module)."""
+def tensor_parallel(rank: int, world: int, layout: str = "1d") -> dict:
+    """A Linear pair split colwise then rowwise through DTensor (parallelize_module),
+    over every rank (``1d``) or over the ``tp`` dim of a (dp, tp) mesh (``2d``:
+    DTensor's collectives then run over subgroups of the ranks)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
     reference = copy.deepcopy(model)
-    parallelize_module(model, init_device_mesh("cpu", (world,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    if layout == "2d":
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))["tp"]
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     x, target = torch.randn(4, 16), torch.randn(4, 16)
     compiled = torch.compile(model, backend="tpu", options=OPTIONS)
     with torch.no_grad():
@@ -185,6 +191,35 @@ def tensor_parallel(rank: int, world: int) -> dict:
         "parameter_diff": parameter_diff,
         **_report(),
     }
+
+
+def subgroups(rank: int, world: int) -> dict:
+    """Collectives over the dims of a (dp, tp) DeviceMesh: each over a subgroup of the ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+
+    def step(x):
+        reduced = funcol.all_reduce(x * 2, "sum", tp)
+        gathered = funcol.all_gather_tensor(reduced + 1, 0, dp)
+        scattered = funcol.reduce_scatter_tensor(gathered, "sum", 0, tp)
+        return reduced, gathered, scattered, funcol.all_to_all_single(scattered - 1, None, None, dp)
+
+    # Like two pipeline stages: each half of the ranks compiles its own graph,
+    # whose collective is over a group inside that half; the other half takes no part.
+    def first_stage(x):
+        return funcol.all_reduce(x + 1, "max", tp)
+
+    def second_stage(x):
+        return funcol.all_gather_tensor(x - 1, 0, tp)
+
+    x = torch.arange(4 * 3, dtype=torch.float32).reshape(4, 3) + 100 * rank
+    stage = first_stage if rank < world // 2 else second_stage
+    expected = [*step(x), stage(x)]  # the process groups (gloo) in eager
+    got = [*torch.compile(step, backend="tpu", options=OPTIONS)(x),
+           torch.compile(stage, backend="tpu", options=OPTIONS)(x)]
+    return {"max_diff": max((a - b).abs().max().item() for a, b in zip(got, expected)), **_report()}
 
 
 def different_graphs(rank: int, world: int) -> dict:

@@ -2,8 +2,9 @@
 compiled graph run in XLA over one PJRT distributed runtime (gloo between
 the processes), not through the process group in eager.
 
-Every scenario runs in the same 2 fresh processes, started once
-(tests/distributed_worker.py); a crash or a hang fails every test. Results
+Every scenario runs in the same 2 fresh processes, started once, and the
+subgroup scenarios in 4 (tests/distributed_worker.py); a crash or a hang
+fails every test. Results
 are checked against single-device eager, and the report must show the
 collectives as islands of their own (``lower_source == "collective"``) with
 the collective XLA compiled, and none of them among the fallbacks.
@@ -29,23 +30,35 @@ COLLECTIVE_OPS = ("_c10d_functional.all_reduce", "_c10d_functional.all_gather_in
                   "_c10d_functional.wait_tensor")
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> Path:
-    """Run every scenario once under torchrun; the directory of their results."""
-    out = tmp_path_factory.mktemp("ranks")
+# Over a (dp=2, tp=2) DeviceMesh: collectives over subgroups of the ranks.
+SCENARIOS_ON_FOUR = ("subgroups", "tensor_parallel:2d")
+
+
+def _torchrun(out: Path, ranks: int, scenarios: tuple[str, ...]) -> Path:
+    """Run ``scenarios`` once under torchrun with ``ranks`` processes; the directory of their results."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": str(out / "torch")}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
-         str(WORKER), str(out), *SCENARIOS],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+         str(WORKER), str(out), *scenarios],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> Path:
+    return _torchrun(tmp_path_factory.mktemp("ranks"), RANKS, SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> Path:
+    return _torchrun(tmp_path_factory.mktemp("four_ranks"), 4, SCENARIOS_ON_FOUR)
+
+
 def results(ranks: Path, scenario: str) -> list[dict]:
     name = scenario.replace(":", "-")
-    return [json.loads((ranks / f"{name}.rank{rank}.json").read_text()) for rank in range(RANKS)]
+    return [json.loads(path.read_text()) for path in sorted(ranks.glob(f"{name}.rank*.json"))]
 
 
 def lowered_collectives(result: dict) -> list[str]:
@@ -105,6 +118,30 @@ def test_fsdp2_blocks_compile_between_its_hooks(ranks, model):
         assert result["parameter_diff"] < 1e-5
         assert result["compute_islands"] >= 4
         assert result["fallbacks"] == []
+
+
+def test_collectives_over_subgroups_run_in_xla(four_ranks):
+    """all_reduce, all_gather, reduce_scatter and all_to_all over a DeviceMesh's
+    dims, then each half of the ranks a graph of its own over its tp group
+    (as pipeline stages do): exactly gloo's results, none through the process group."""
+    outcomes = results(four_ranks, "subgroups")
+    assert len(outcomes) == 4
+    for rank, result in enumerate(outcomes):
+        assert result["max_diff"] == 0
+        assert len(result["collective_islands"]) == 5
+        assert lowered_collectives(result)
+        assert no_collective_fell_back(result)
+        assert result["collective_islands"][-1]["collectives"] == ({"all-reduce": 1} if rank < 2 else {"all-gather": 1})
+
+
+def test_tensor_parallel_over_one_dim_of_a_2d_mesh(four_ranks):
+    """DTensor's collectives over the tp dim of a (dp, tp) mesh: inference and 5 SGD steps."""
+    for result in results(four_ranks, "tensor_parallel:2d"):
+        assert result["max_diff"] < 1e-5
+        assert result["losses"] == pytest.approx(result["reference_losses"], rel=1e-5)
+        assert result["parameter_diff"] < 1e-5
+        assert "all-reduce" in lowered_collectives(result)
+        assert no_collective_fell_back(result)
 
 
 def test_ranks_that_trace_different_graphs_get_an_error_naming_both(ranks):

@@ -4,9 +4,11 @@ Why: under ``torchrun`` a graph that DTensor, tensor parallelism or a user's
 ``funcol.all_reduce`` put collectives in should have XLA run them, over the
 PJRT distributed runtime (runtime/distributed.py), rather than the process
 group in eager. Each collective becomes one small program written in the
-global view that XLA's SPMD partitioner understands: the ranks' tensors are
-the rows of one array split over the ranks (``[world, *shape]``, one row per
-device), and the collective is what that array is turned into:
+global view that XLA's SPMD partitioner understands, over the devices of the
+collective's process group (every rank, or a subgroup such as one dim of a
+``DeviceMesh`` makes): the group's tensors are the rows of one array split
+over its ranks (``[ranks, *shape]``, one row per device, in group-rank
+order), and the collective is what that array is turned into:
 
 * ``all_reduce(x, op)``: the rows reduced with ``op``, replicated;
 * ``all_gather_into_tensor(x)``: the rows concatenated along dim 0, replicated;
@@ -18,14 +20,15 @@ device), and the collective is what that array is turned into:
 
 The partitioner turns each into its collective (all-reduce, all-gather,
 reduce-scatter, all-to-all), which runs over gloo between the processes. Each rank
-passes its own row and gets its own part back. Before the first compile of
-each collective the ranks compare what they compile through the store, so
-ranks that traced different graphs get an error naming both ops instead of
-a hang.
+passes its own row and gets its own part back; ranks outside the group take
+no part. Before the first compile of each collective the group's ranks compare
+what they compile through the store, so ranks that traced different graphs
+get an error naming both ops instead of a hang.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -58,34 +61,46 @@ _MLIR_TYPES = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
     torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.int16: "i16",
 }
-_compiles = itertools.count()
+_compiles: dict[tuple[int, ...], itertools.count] = collections.defaultdict(itertools.count)
+"""Per process group (its global ranks): how many collectives this rank compiled over it."""
 _RANKS = "ranks"
-"""The one mesh axis of a collective's program: the job's ranks."""
+"""The one mesh axis of a collective's program: the ranks of its process group."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """One functional collective call: what is reduced or gathered, over the whole job."""
+    """One functional collective call: what is reduced or gathered, and over
+    which ranks (its process group's global ranks, in group-rank order)."""
 
     kind: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    reduce_op: Optional[str] = None
+    reduce_op: Optional[str]
+    ranks: tuple[int, ...]
+    whole_job: bool
 
     @classmethod
     def of(cls, node: torch.fx.Node) -> "Collective":
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
         kind = LOWERED[node.target]
         value = node.args[0].meta["val"]
         reduce_op = node.args[1] if kind in ("all_reduce", "reduce_scatter_tensor") else None
-        return cls(kind, tuple(int(s) for s in value.shape), value.dtype, reduce_op)
+        ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(node.args[-1])))
+        return cls(kind, tuple(int(s) for s in value.shape), value.dtype, reduce_op, ranks,
+                   len(ranks) == dist.get_world_size())
 
     def describe(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
-        return f"{self.kind}({dtype}[{','.join(map(str, self.shape))}]" + (f", {self.reduce_op})" if self.reduce_op else ")")
+        details = [f"{dtype}[{','.join(map(str, self.shape))}]", *([self.reduce_op] if self.reduce_op else [])]
+        if not self.whole_job:
+            details.append(f"ranks {','.join(map(str, self.ranks))}")
+        return f"{self.kind}({', '.join(details)})"
 
 
 def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
-    """None when this collective can run in XLA over every rank; else why not."""
+    """None when this collective can run in XLA over its group's ranks; else why not."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -103,8 +118,6 @@ def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
         reduce_op = node.args[1]
         if reduce_op not in _REDUCTIONS or (reduce_op == "avg" and not value.dtype.is_floating_point):
             return f"reduce op {reduce_op!r} of {value.dtype} runs through the process group"
-    if world != dist.get_world_size():
-        return "a collective over a subgroup of the ranks runs through the process group"
     return None
 
 
@@ -191,10 +204,10 @@ class CollectiveExecutable:
 
         self.collective = collective
         self.name = name
-        world = runtime.world_size
+        world = len(collective.ranks)
         _agree_across_ranks(collective, runtime)
         text, result, local_out = _program(collective, world)
-        mesh = Mesh(((_RANKS, world),), runtime.devices)
+        mesh = Mesh(((_RANKS, world),), tuple(runtime.devices[rank] for rank in collective.ranks))
         rows: Spec = (_RANKS,) + (None,) * len(collective.shape)
         module = annotate_shardings(text.encode(), mesh.axes, [rows], [result])
         devices = jaxlib_api.DeviceList(mesh.devices)
@@ -218,22 +231,25 @@ class CollectiveExecutable:
 
 
 def _agree_across_ranks(collective: Collective, runtime: DistributedRuntime) -> None:
-    """Every rank compiles the same collective as its n-th one, or all get an error naming both."""
+    """Every rank of the group compiles the same collective as its n-th one
+    over that group, or all get an error naming both."""
     import datetime
 
     shared = store()
-    number = next(_compiles)
-    key = f"tpu_inductor/collective/{number}"
+    group = ",".join(map(str, collective.ranks))
+    number = next(_compiles[collective.ranks])
+    key = f"tpu_inductor/collective/{group}/{number}"
     shared.set(f"{key}/{runtime.rank}", collective.describe())
-    keys = [f"{key}/{rank}" for rank in range(runtime.world_size)]
+    keys = [f"{key}/{rank}" for rank in collective.ranks]
     try:
         shared.wait(keys, datetime.timedelta(seconds=60))
     except Exception:
         raise RanksDisagreeError(
             f"tpu_inductor: rank {runtime.rank} compiles {collective.describe()} as its collective #{number}, "
-            f"and not every rank reached a collective #{number} within 60 s: the ranks traced different graphs"
+            f"and not every rank of its group reached a collective #{number} within 60 s: "
+            "the ranks traced different graphs"
         ) from None
-    seen = {rank: shared.get(k).decode() for rank, k in enumerate(keys)}
+    seen = {rank: shared.get(k).decode() for rank, k in zip(collective.ranks, keys)}
     if len(set(seen.values())) > 1:
         which = "; ".join(f"rank {rank}: {what}" for rank, what in seen.items())
         raise RanksDisagreeError(
