@@ -4,10 +4,14 @@
 * Every jax and jaxlib call goes through ``runtime/jaxlib_api.py``, where the
   differences between the jax releases it supports are handled (MLIR's own
   bindings, ``jaxlib.mlir``, excepted: they edit modules, they are not jax's API).
+* Every private torch API (``torch._dynamo``, ``torch._functorch``, ...) goes
+  through ``torch_api.py``, for the same reason (``torch._ops``, the type of
+  every ATen op, excepted).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -39,3 +43,26 @@ def test_jax_and_jaxlib_are_imported_in_one_module():
             if not module.startswith("jaxlib.mlir"):
                 importers.setdefault(_name(path), set()).add(module)
     assert set(importers) == {"runtime/jaxlib_api.py"}, importers
+
+
+def _private_torch_uses(tree: ast.AST) -> set[str]:
+    """``torch._x`` modules imported, or reached as attributes of ``torch``."""
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch._"):
+            used.add(node.module)
+        elif isinstance(node, ast.Import):
+            used.update(alias.name for alias in node.names if alias.name.startswith("torch._"))
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+              and node.attr.startswith("_") and not node.attr.startswith("__")):
+            used.add(f"torch.{node.attr}")
+    return {name for name in used if not name.startswith("torch._ops")}
+
+
+def test_private_torch_apis_are_used_in_one_module():
+    users = {}
+    for path in MODULES:
+        used = _private_torch_uses(ast.parse(path.read_text()))
+        if used:
+            users[_name(path)] = used
+    assert set(users) == {"torch_api.py"}, users

@@ -35,11 +35,9 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.fx
-from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
-from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
-from torch._inductor.output_code import OutputCode
 
-from tpu_inductor import report
+from tpu_inductor import report, torch_api
+from tpu_inductor.torch_api import BypassAOTAutogradCache, OutputCode, SerializableAOTDispatchCompiler
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.versions import versions_digest
@@ -96,7 +94,7 @@ class CompiledAten(OutputCode):
         here makes PyTorch bypass the entry and trace anew."""
         if self.compiled is not None:
             return
-        from torch._guards import detect_fake_mode
+        from tpu_inductor.torch_api import detect_fake_mode
         from torch.fx._graph_pickler import GraphPickler
 
         # Inside the backend, its context for this Dynamo graph; loaded by
@@ -139,7 +137,7 @@ per node. Training graphs (joint trace and partitioner) always gain."""
 
 def pays(gm: torch.fx.GraphModule, needs_grad: bool) -> bool:
     """Whether the traced level is worth its lookup for this Dynamo graph."""
-    if torch._dynamo.config.caching_precompile:
+    if torch_api.dynamo_config.caching_precompile:
         # PyTorch's precompile stores exactly what AOTAutograd's cache holds.
         return True
     return needs_grad or len(gm.graph.nodes) >= MIN_INFERENCE_NODES
@@ -174,7 +172,7 @@ def traced_level(
     PyTorch's own precompile: PyTorch saves the entry when the backward is
     compiled, and it must still see the bundled-entry setting then.
     """
-    from torch._dynamo.utils import counters
+    from tpu_inductor.torch_api import dynamo_counters as counters
 
     previous = _current_compile()
     _local.compile_aten = compile_aten
@@ -182,7 +180,7 @@ def traced_level(
     before = dict(counters["aot_autograd"])
     with contextlib.ExitStack() as stack:
         stack.enter_context(
-            torch._functorch.config.patch(
+            torch_api.functorch_config.patch(
                 bundled_autograd_cache=True, force_non_lazy_backward_lowering=needs_grad
             )
         )

@@ -15,10 +15,9 @@ import logging
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from tpu_inductor import aot_cache, report
+from tpu_inductor.torch_api import aot_autograd, min_cut_rematerialization_partition
 from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_graph, parameter_inputs
 from tpu_inductor.config import Config, check_mode
 from tpu_inductor.dynamic import dynamic_dims, recompile_reason

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
-from tpu_inductor import report
+from tpu_inductor import report, torch_api
 from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
@@ -275,10 +275,7 @@ def eager_graph(gm: torch.fx.GraphModule, kind: str, reason: str) -> "_BoxedGrap
 def parameter_inputs() -> tuple[int, ...]:
     """Positions of the graph inputs that are parameters and buffers, as
     AOTAutograd learnt them from Dynamo (the same list Inductor's CUDA graphs use)."""
-    tracing = torch._guards.TracingContext.try_get()
-    if tracing is None or tracing.fw_metadata is None:
-        return ()
-    return tuple(tracing.fw_metadata.static_input_indices)
+    return torch_api.static_input_indices() or ()
 
 
 def build_compiled_graph(

@@ -1,16 +1,55 @@
-"""Where tpu_inductor meets PyTorch APIs that differ between the torch
-versions it supports (2.11 to 2.13, ``pyproject.toml``).
+"""Every private PyTorch API tpu_inductor uses, in one place.
 
-Why one module: a private API that moved or a decomposition that a release
-added is then handled once, with the versions named, instead of as a
-``KeyError`` at import in whichever module used it first.
+Why one module: the backend plugs into Dynamo, AOTAutograd, FakeTensor and
+PyTorch's logging through names that are not public and move between
+releases (we support torch 2.11 to 2.13, ``pyproject.toml``). A name that
+moved, or a decomposition a release added, is then handled once, with the
+versions named, instead of as an ``ImportError`` in whichever module used
+it first. ``tests/test_code_layout.py`` keeps it that way.
+
+Names are looked up when first used, not when this module is imported:
+several live in modules whose import is costly (AOTAutograd's cache pulls in
+Inductor's code generators), and a first call should pay only for what it
+uses. ``torch._ops.OpOverload`` (the type of every ATen op) is not listed:
+it is used as a type everywhere, and has not moved.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import importlib
+from typing import Any, Callable, Optional
 
 import torch
+
+_NAMES: dict[str, tuple[str, str]] = {
+    # Where the backend plugs into Dynamo and AOTAutograd.
+    "aot_autograd": ("torch._dynamo.backends.common", "aot_autograd"),
+    "min_cut_rematerialization_partition": ("torch._functorch.partitioners", "min_cut_rematerialization_partition"),
+    # AOTAutogradCache (aot_cache.py; docs/design/aot-autograd-cache.md).
+    "BypassAOTAutogradCache": ("torch._functorch._aot_autograd.autograd_cache", "BypassAOTAutogradCache"),
+    "SerializableAOTDispatchCompiler": ("torch._functorch.aot_autograd", "SerializableAOTDispatchCompiler"),
+    "OutputCode": ("torch._inductor.output_code", "OutputCode"),
+    "functorch_config": ("torch._functorch", "config"),
+    "dynamo_config": ("torch._dynamo", "config"),
+    # FakeTensor: the values the passes read and write in node.meta["val"].
+    "FakeTensor": ("torch._subclasses.fake_tensor", "FakeTensor"),
+    "detect_fake_mode": ("torch._guards", "detect_fake_mode"),
+    "unset_fake_temporarily": ("torch._subclasses.fake_tensor", "unset_fake_temporarily"),
+    # Dynamo's counters (graph breaks, AOTAutogradCache hits).
+    "dynamo_counters": ("torch._dynamo.utils", "counters"),
+    # Structured tracing (TORCH_TRACE) and TORCH_LOGS.
+    "trace_structured": ("torch._logging", "trace_structured"),
+}
+"""Our name -> (module, attribute) of a private torch API, resolved on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _NAMES[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # the next lookup is an ordinary global
+    return value
 
 
 def pytorch_decomposition(op: torch._ops.OpOverload) -> Optional[Callable]:
@@ -18,3 +57,75 @@ def pytorch_decomposition(op: torch._ops.OpOverload) -> Optional[Callable]:
     (``max_pool3d_with_indices`` and ``adaptive_max_pool2d`` have one from
     2.12 on)."""
     return torch._decomp.decomposition_table.get(op)
+
+
+def register_inductor_prims() -> None:
+    """Register Inductor's prims (``prims.fma``) with the dispatcher; Dynamo
+    has imported the module already, so this costs no import time."""
+    importlib.import_module("torch._inductor.inductor_prims")
+
+
+tensor_from_dlpack: Callable[[Any], torch.Tensor] = torch._C._from_dlpack
+"""``torch.from_dlpack`` of a capsule without its Python-side checks: bound,
+not wrapped, since it runs for every tensor an island returns."""
+
+
+SET_GRAD_ENABLED: Callable[[bool], None] = torch._C._set_grad_enabled
+"""The call ``torch.no_grad()`` and ``torch.enable_grad()`` put in a Dynamo graph."""
+
+
+def static_input_indices() -> Optional[tuple[int, ...]]:
+    """The graph inputs AOTAutograd learnt from Dynamo are parameters and
+    buffers (the list Inductor's CUDA graphs use), or None outside a compile."""
+    tracing = torch._guards.TracingContext.try_get()
+    if tracing is None or tracing.fw_metadata is None:
+        return None
+    return tuple(tracing.fw_metadata.static_input_indices)
+
+
+def traced_frame_and_compile_id() -> tuple[Optional[str], Optional[str]]:
+    """The function Dynamo is tracing and its ``frame/recompile`` id; None for
+    either where this torch's internals do not say."""
+    frame = compile_id = None
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+        frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+    except Exception:
+        pass
+    try:
+        from torch._guards import CompileContext
+
+        current = CompileContext.current_compile_id()
+        compile_id = str(current) if current is not None else None
+    except Exception:
+        pass
+    return frame, compile_id
+
+
+def recompile_reason() -> Optional[str]:
+    """Dynamo's reason for the trace in progress (the failed guard), read from
+    its metrics context; None where it does not say."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        reason = getattr(get_metrics_context(), "_metrics", {}).get("recompile_reason")
+    except Exception:  # a private structure: informational only
+        return None
+    return str(reason) if reason else None
+
+
+def register_log(name: str) -> None:
+    """Make ``name`` a TORCH_LOGS name (``torch._logging.set_logs`` and its help know it)."""
+    from torch._logging import _internal
+
+    if not _internal.log_registry.is_log(name):
+        _internal.register_log(name, name)
+
+
+def structured_trace_enabled() -> bool:
+    """Whether a structured trace is being written (TORCH_TRACE)."""
+    from torch._logging._internal import trace_log
+
+    return bool(trace_log.handlers)

@@ -23,11 +23,13 @@ from typing import Optional
 import torch
 import torch.fx
 
+from tpu_inductor import torch_api
+
 _ARITHMETIC = frozenset(
     {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow,
      operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.getitem}
 )
-_GRAD_MODE = frozenset({torch._C._set_grad_enabled})
+_GRAD_MODE = frozenset({torch_api.SET_GRAD_ENABLED})
 
 
 def in_place_update_reason(gm: torch.fx.GraphModule) -> Optional[str]:

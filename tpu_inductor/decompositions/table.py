@@ -345,9 +345,10 @@ def _inductor_prims() -> dict:
     ``prims.fma``, which torch-mlir cannot lower: the optimizer step ran in
     eager pieces. ``a * b + c`` rounds the product once more than a fused
     multiply-add (at most 1 ulp); Inductor's own CPU lowering of it does the same.
-    Dynamo imports the module already, so this costs no import time.
     """
-    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma)
+    from tpu_inductor import torch_api
+
+    torch_api.register_inductor_prims()
 
     return {torch.ops.prims.fma.default: lambda a, b, c: a * b + c}
 

@@ -70,11 +70,6 @@ def recompile_reason() -> Optional[str]:
     Read from Dynamo's metrics context; purely informational, so any change
     in that private structure just yields None.
     """
-    try:
-        from torch._dynamo.utils import get_metrics_context
+    from tpu_inductor import torch_api
 
-        metrics = getattr(get_metrics_context(), "_metrics", {})
-        reason = metrics.get("recompile_reason")
-        return str(reason) if reason else None
-    except Exception:  # pragma: no cover - defensive: private API
-        return None
+    return torch_api.recompile_reason()

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from tpu_inductor import torch_api
 from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
 from tpu_inductor.lowering.symbolic import SymbolicModule, lower_symbolic, scalar_positions
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir
@@ -55,7 +56,7 @@ class _NotFingerprintable(Exception):
 
 
 def _tensor_digest(tensor: torch.Tensor) -> str:
-    if tensor.is_meta or isinstance(tensor, torch._subclasses.FakeTensor) or tensor.is_quantized:
+    if tensor.is_meta or isinstance(tensor, torch_api.FakeTensor) or tensor.is_quantized:
         raise _NotFingerprintable(f"constant {type(tensor).__name__} has no bytes to hash")
     data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
     digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()

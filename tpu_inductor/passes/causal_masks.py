@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from tpu_inductor.torch_api import unset_fake_temporarily
 
 from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION, flash_attention_flags
 

@@ -50,7 +50,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
+from tpu_inductor.torch_api import FakeTensor
 
 from tpu_inductor.passes.channels_last import FROM_CHANNELS_LAST, TO_CHANNELS_LAST, convolution_channels_last
 from tpu_inductor.passes.rewrite import GraphBuilder

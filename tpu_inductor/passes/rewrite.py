@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
+from tpu_inductor.torch_api import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 

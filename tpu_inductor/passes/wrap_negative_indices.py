@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
+from tpu_inductor.torch_api import detect_fake_mode
 
 aten = torch.ops.aten
 

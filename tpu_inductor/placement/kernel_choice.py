@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from tpu_inductor.torch_api import unset_fake_temporarily
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from tpu_inductor.passes.channels_last import (

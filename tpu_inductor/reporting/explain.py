@@ -29,9 +29,10 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> record.Report:
     Backend options come from the ``TPU_INDUCTOR_*`` environment variables.
     """
     import torch
-    from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
+    from tpu_inductor.torch_api import dynamo_counters as counters
+
+    torch.compiler.reset()
     STATE.reset()
     report = record.reset()
     before = collections.Counter(counters["graph_break"])

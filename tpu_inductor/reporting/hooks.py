@@ -13,29 +13,9 @@ import logging
 from typing import Any, Optional, Union
 
 from tpu_inductor import report as record
+from tpu_inductor import torch_api
 
 log = logging.getLogger(__name__)
-
-
-def _frame_and_compile_id() -> tuple[Optional[str], Optional[str]]:
-    """The function Dynamo is tracing and its ``frame/recompile`` id (private APIs,
-    so anything unexpected gives None)."""
-    frame = compile_id = None
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        code = InstructionTranslator.current_tx().f_code
-        frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
-    except Exception:
-        pass
-    try:
-        from torch._guards import CompileContext
-
-        current = CompileContext.current_compile_id()
-        compile_id = str(current) if current is not None else None
-    except Exception:
-        pass
-    return frame, compile_id
 
 
 def on_dynamo_graph(gm: Any, trace: Optional[record.TraceRecord], report_dir: Optional[str]) -> None:
@@ -45,7 +25,7 @@ def on_dynamo_graph(gm: Any, trace: Optional[record.TraceRecord], report_dir: Op
     try:
         structured.register_logging()
         files.attach(report_dir)
-        frame, compile_id = _frame_and_compile_id()
+        frame, compile_id = torch_api.traced_frame_and_compile_id()
         if trace is not None:
             trace.frame, trace.compile_id = frame, compile_id
             trace.num_nodes = len(gm.graph.nodes)

@@ -28,26 +28,25 @@ def register_logging() -> None:
     if _registered:
         return
     _registered = True
-    from torch._logging import _internal
+    from tpu_inductor import torch_api
 
-    if not _internal.log_registry.is_log("tpu_inductor"):
-        _internal.register_log("tpu_inductor", "tpu_inductor")
+    torch_api.register_log("tpu_inductor")
 
 
 def tracing() -> bool:
     """Whether a structured trace is being written (TORCH_TRACE)."""
-    from torch._logging._internal import trace_log
+    from tpu_inductor import torch_api
 
-    return bool(trace_log.handlers)
+    return torch_api.structured_trace_enabled()
 
 
 def artifact(name: str, payload: Callable[[], str], encoding: str = "string") -> None:
     """One structured-trace artifact; ``payload`` runs only when tracing."""
     if not tracing():
         return
-    from torch._logging import trace_structured
+    from tpu_inductor import torch_api
 
-    trace_structured(
+    torch_api.trace_structured(
         "artifact",
         metadata_fn=lambda: {"name": name, "encoding": encoding},
         payload_fn=payload,

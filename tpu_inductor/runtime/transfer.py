@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from tpu_inductor import torch_api
 from tpu_inductor.runtime import jaxlib_api
 from tpu_inductor.runtime.platform import Platform
 
@@ -190,7 +191,7 @@ def host_tensor(array: Any) -> torch.Tensor:
     The capsule straight from jaxlib (``jax.Array.__dlpack__`` costs 4 us
     more); taking it waits until the computation that defines the array is
     done."""
-    return torch._C._from_dlpack(jaxlib_api.dlpack_from_buffer(array))
+    return torch_api.tensor_from_dlpack(jaxlib_api.dlpack_from_buffer(array))
 
 
 def _version_of(tensor: torch.Tensor) -> Optional[int]:
