@@ -73,21 +73,31 @@ def data_parallel(rank: int, world: int, model_kind: str = "mlp") -> dict:
     """Each rank takes its half of the batch; gradients averaged in a compiled graph."""
     model, x, target = _small_model(model_kind)
     reference = copy.deepcopy(model)
-    mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
     compiled = torch.compile(model, backend="tpu", options=OPTIONS)
 
     @torch.compile(backend="tpu", options=OPTIONS)
     def average(grads):
         return [funcol.all_reduce(g, "avg", dist.group.WORLD) for g in grads]
 
+    def average_gradients() -> None:
+        for p, g in zip(model.parameters(), average([p.grad for p in model.parameters()])):
+            p.grad = g
+
+    return _train_on_halves(rank, world, compiled, model, reference, x, target, average_gradients)
+
+
+def _train_on_halves(rank: int, world: int, compiled, model, reference, x, target, after_backward=None) -> dict:
+    """5 SGD steps, each rank on its part of the batch, against ``reference`` on
+    the whole batch on one device: both losses, and the largest parameter difference."""
+    mine = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     losses, reference_losses = [], []
     for _ in range(5):
         loss = torch.nn.functional.mse_loss(compiled(x[mine]), target[mine])
         loss.backward()
-        for p, g in zip(model.parameters(), average([p.grad for p in model.parameters()])):
-            p.grad = g
+        if after_backward is not None:
+            after_backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD).item())
@@ -96,7 +106,10 @@ def data_parallel(rank: int, world: int, model_kind: str = "mlp") -> dict:
         reference_optimizer.step()
         reference_optimizer.zero_grad()
         reference_losses.append(reference_loss.item())
-    parameter_diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    parameter_diff = max(
+        (getattr(a, "full_tensor", lambda: a)() - b).abs().max().item()  # DTensor parameters: all of it
+        for a, b in zip(model.parameters(), reference.parameters())
+    )
     return {"losses": losses, "reference_losses": reference_losses, "parameter_diff": parameter_diff, **_report()}
 
 
@@ -131,25 +144,7 @@ def fsdp2(rank: int, world: int, model_kind: str = "mlp") -> dict:
             fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     compiled = torch.compile(model, backend="tpu", options=OPTIONS)
-    mine = slice(rank * 8 // world, (rank + 1) * 8 // world)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    losses, reference_losses = [], []
-    for _ in range(5):
-        loss = torch.nn.functional.mse_loss(compiled(x[mine]), target[mine])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD).item())
-        reference_loss = torch.nn.functional.mse_loss(reference(x), target)
-        reference_loss.backward()
-        reference_optimizer.step()
-        reference_optimizer.zero_grad()
-        reference_losses.append(reference_loss.item())
-    parameter_diff = max(
-        (a.full_tensor() - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())
-    )
-    return {"losses": losses, "reference_losses": reference_losses, "parameter_diff": parameter_diff, **_report()}
+    return _train_on_halves(rank, world, compiled, model, reference, x, target)
 
 
 def tensor_parallel(rank: int, world: int, layout: str = "1d") -> dict:
