@@ -46,13 +46,19 @@ def test_jax_and_jaxlib_are_imported_in_one_module():
 
 
 def _private_torch_uses(tree: ast.AST) -> set[str]:
-    """``torch._x`` modules imported, or reached as attributes of ``torch``."""
+    """Private torch modules imported (``torch._dynamo``, ``torch.fx._graph_pickler``),
+    or ``torch._x`` reached as an attribute of ``torch``."""
+
+    def private(module: str) -> bool:
+        parts = module.split(".")
+        return parts[0] == "torch" and any(part.startswith("_") for part in parts[1:])
+
     used = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch._"):
+        if isinstance(node, ast.ImportFrom) and private(node.module or ""):
             used.add(node.module)
         elif isinstance(node, ast.Import):
-            used.update(alias.name for alias in node.names if alias.name.startswith("torch._"))
+            used.update(alias.name for alias in node.names if private(alias.name))
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
               and node.attr.startswith("_") and not node.attr.startswith("__")):
             used.add(f"torch.{node.attr}")

@@ -78,12 +78,12 @@ class CompiledAten(OutputCode):
 
     def prepare_for_serialization(self) -> None:
         """Runs on a shallow copy that PyTorch pickles: rebind, never mutate."""
-        from torch.fx._graph_pickler import GraphPickler, Options
+        from tpu_inductor.torch_api import GraphPickler, GraphPicklerOptions
 
         try:
             # Every op the graph holds (ours included, e.g. operator.getitem);
             # node metadata without the module stacks, which hold live objects.
-            self._graph_bytes = GraphPickler.dumps(self._graph, Options(ops_filter=None))
+            self._graph_bytes = GraphPickler.dumps(self._graph, GraphPicklerOptions(ops_filter=None))
         except Exception as exc:
             raise BypassAOTAutogradCache(f"tpu_inductor: the {self.kind} ATen graph does not pickle: {exc}") from exc
         self._graph = None
@@ -94,8 +94,7 @@ class CompiledAten(OutputCode):
         here makes PyTorch bypass the entry and trace anew."""
         if self.compiled is not None:
             return
-        from tpu_inductor.torch_api import detect_fake_mode
-        from torch.fx._graph_pickler import GraphPickler
+        from tpu_inductor.torch_api import GraphPickler, detect_fake_mode
 
         # Inside the backend, its context for this Dynamo graph; loaded by
         # PyTorch's precompile (TORCH_CACHING_PRECOMPILE), which skips Dynamo

@@ -17,10 +17,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from tpu_inductor import aot_cache, report
-from tpu_inductor.torch_api import aot_autograd, min_cut_rematerialization_partition
+from tpu_inductor.torch_api import aot_autograd, min_cut_rematerialization_partition, recompile_reason
 from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_graph, parameter_inputs
 from tpu_inductor.config import Config, check_mode
-from tpu_inductor.dynamic import dynamic_dims, recompile_reason
+from tpu_inductor.dynamic import dynamic_dims
 from tpu_inductor.errors import TpuInductorError
 from tpu_inductor.lowering.pipelines import start_worker
 from tpu_inductor.decompositions.table import decomposition_table

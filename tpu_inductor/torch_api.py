@@ -39,6 +39,15 @@ _NAMES: dict[str, tuple[str, str]] = {
     "dynamo_counters": ("torch._dynamo.utils", "counters"),
     # Structured tracing (TORCH_TRACE) and TORCH_LOGS.
     "trace_structured": ("torch._logging", "trace_structured"),
+    # FX: pickling a graph with FakeTensor metadata (the traced cache level), and
+    # the GraphModule that compiles its code on first call (placement/partition.py).
+    "GraphPickler": ("torch.fx._graph_pickler", "GraphPickler"),
+    "GraphPicklerOptions": ("torch.fx._graph_pickler", "Options"),
+    "LazyGraphModule": ("torch.fx._lazy_graph_module", "_LazyGraphModule"),
+    # torch.compiler.save_cache_artifacts() / load_cache_artifacts() (runtime/cache_artifacts.py).
+    "CacheArtifact": ("torch.compiler._cache", "CacheArtifact"),
+    "CacheArtifactFactory": ("torch.compiler._cache", "CacheArtifactFactory"),
+    "CacheArtifactManager": ("torch.compiler._cache", "CacheArtifactManager"),
 }
 """Our name -> (module, attribute) of a private torch API, resolved on first use."""
 

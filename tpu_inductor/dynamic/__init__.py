@@ -11,7 +11,7 @@ cheap to import.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -62,14 +62,3 @@ def dynamic_dims(gm: torch.fx.GraphModule) -> dict[str, str]:
                 for symbol in size.node.expr.free_symbols:
                     found.setdefault(str(symbol), symbol_source(shape_env, symbol))
     return found
-
-
-def recompile_reason() -> Optional[str]:
-    """Dynamo's reason for the trace in progress (the failed guard), if it says.
-
-    Read from Dynamo's metrics context; purely informational, so any change
-    in that private structure just yields None.
-    """
-    from tpu_inductor import torch_api
-
-    return torch_api.recompile_reason()

@@ -247,10 +247,10 @@ def fuse_islands(
     ``release_eager_workers``: an island that follows eager compute first
     stops OpenMP's spinning workers, whose cores it shares (runtime/threads.py).
     """
-    from torch.fx._lazy_graph_module import _LazyGraphModule
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
     from tpu_inductor.runtime.threads import after_releasing_eager_workers
+    from tpu_inductor.torch_api import LazyGraphModule
 
     fused = fuse_by_partitions(
         gm,
@@ -272,5 +272,5 @@ def fuse_islands(
     fused.recompile()
     # Generate forward now: a lazy GraphModule's placeholder forward re-enters
     # nn.Module.__call__, and callers here call forward directly.
-    _LazyGraphModule.force_recompile(fused)
+    LazyGraphModule.force_recompile(fused)
     return fused

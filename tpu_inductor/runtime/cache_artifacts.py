@@ -30,9 +30,8 @@ import logging
 import zipfile
 from pathlib import Path
 
-from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
-
 from tpu_inductor.config import Config
+from tpu_inductor.torch_api import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.runtime.persisted_dict import PersistedDict
 
