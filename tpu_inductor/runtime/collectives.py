@@ -32,7 +32,7 @@ import collections
 import dataclasses
 import itertools
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.utils.dlpack import to_dlpack
@@ -82,12 +82,11 @@ class Collective:
     @classmethod
     def of(cls, node: torch.fx.Node) -> "Collective":
         import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _resolve_process_group
 
         kind = LOWERED[node.target]
         value = node.args[0].meta["val"]
         reduce_op = node.args[1] if kind in ("all_reduce", "reduce_scatter_tensor") else None
-        ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(node.args[-1])))
+        ranks = tuple(dist.get_process_group_ranks(_process_group(node)))
         return cls(kind, tuple(int(s) for s in value.shape), value.dtype, reduce_op, ranks,
                    len(ranks) == dist.get_world_size())
 
@@ -99,16 +98,22 @@ class Collective:
         return f"{self.kind}({', '.join(details)})"
 
 
+def _process_group(node: torch.fx.Node) -> Any:
+    """The process group a functional collective's node names (its last argument)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(node.args[-1])
+
+
 def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
     """None when this collective can run in XLA over its group's ranks; else why not."""
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
 
     value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or value.dtype not in _MLIR_TYPES or value.dim() == 0:
         return "a collective of this value runs through the process group"
     kind = LOWERED[node.target]
-    group = _resolve_process_group(node.args[-1])
+    group = _process_group(node)
     world = dist.get_world_size(group)
     if kind == "all_to_all_single":
         even = [value.shape[0] // world] * world
