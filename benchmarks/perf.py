@@ -84,6 +84,9 @@ step >= 1.0x Inductor; decoder cold compile <= 0.2x Inductor's. Pinned
 geomean >= 1.1x eager and >= 1.0x Inductor; per-call time no more than
 Inductor's; decoder cold compile <= 0.2x Inductor's; training step >= 1.0x eager.
 
+The workloads are built in ``perf_workloads.py`` (models in ``perf_models.py``);
+the bars and tables are ``perf_report.py``'s.
+
 Run:
     python benchmarks/perf.py --write-docs              # defaults: benchmarks/results/perf.json, first table
     python benchmarks/perf.py --threads 1 --write-docs  # pinned: perf-1-thread.json, second table
@@ -99,13 +102,11 @@ import dataclasses
 import functools
 import gc
 import json
-import math
 import os
 import platform
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -113,7 +114,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_PAGE = ROOT / "docs" / "performance.md"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "perf.json"
 PINNED_JSON = ROOT / "benchmarks" / "results" / "perf-{threads}-thread.json"
 MARKERS = ("<!-- perf-table:start -->", "<!-- perf-table:end -->")
@@ -178,26 +178,30 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config  # noqa: E402
 import torch._inductor.config  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from tpu_inductor.process_state import STATE  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from benchmarks.perf_models import (  # noqa: E402
-    LEARNING_RATE,
-    MLP,
-    Params,
-    _mobilenet,
-    _resnet,
-    _seeded,
-    Decoder,
-    decoder_jax,
-    mlp_jax,
-    mlp_sgd_step_jax,
-    mobilenet_jax,
-    resnet_jax,
-    to_jax,
+from benchmarks.perf_models import MLP, _seeded, mlp_jax, to_jax  # noqa: E402
+from benchmarks.perf_report import (  # noqa: E402
+    RESULTS_PAGE,
+    commit,
+    evaluate_bars,
+    print_progress,
+    report_text,
+    versions,
+    write_docs,
+)
+from benchmarks.perf_workloads import (  # noqa: E402
+    BUILDERS,
+    COMPILED,
+    OTHERS,
+    PATHS,
+    Call,
+    Workload,
+    compile_for,
+    jax_call,
+    mlp_inputs,
 )
 
 if THREADS:
@@ -206,204 +210,11 @@ torch._inductor.config.fx_graph_cache = False
 torch._inductor.config.autotune_local_cache = False
 torch._functorch.config.enable_autograd_cache = False
 
-PATHS = ("eager", "inductor", "tpu", "jax")
-OTHERS = ("eager", "inductor", "jax")  # what tpu is compared with
-COMPILED = ("inductor", "tpu", "jax")
-TORCH_PATHS = ("eager", "inductor", "tpu")
-LABELS = {"eager": "eager", "inductor": "Inductor", "tpu": "tpu", "jax": "jax.jit"}
 WORKLOADS = (
     "overhead", "mlp", "decoder", "decode", "cnn", "mobilenet", "mlp_frozen", "cnn_frozen", "train", "dynamic"
 )
-STEADY = ("mlp", "decoder", "cnn")
-"""The workloads of the one-thread (pinned) bars."""
-STEADY_AT_DEFAULTS = ("mlp", "decoder", "cnn", "mobilenet")
-"""The workloads of the default-settings bars (issue 21)."""
-TPU_OPTIONS = {"cache": False}
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 WARMUP_CALLS = 3
-
-Call = Callable[[], Any]
-
-
-# ------------------------------------------------------------------ the workloads
-
-
-@dataclasses.dataclass
-class Workload:
-    """One computation as a zero-argument call per path; compiles happen at the first call."""
-
-    name: str
-    description: str
-    calls: dict[str, Call]
-    grad: bool = False
-
-
-def compile_for(path: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    if path == "inductor":
-        return torch.compile(fn, backend="inductor")
-    if path == "tpu":
-        return torch.compile(fn, backend="tpu", options=TPU_OPTIONS)
-    return fn
-
-
-def torch_calls(fn: Callable[..., Any], *args: Any) -> dict[str, Call]:
-    """eager / inductor / tpu calls of ``fn(*args)``."""
-    return {path: functools.partial(compile_for(path, fn), *args) for path in TORCH_PATHS}
-
-
-def jax_call(fn: Callable[..., jax.Array], *args: Any) -> Call:
-    jitted = jax.jit(fn)
-    return lambda: jitted(*args).block_until_ready()
-
-
-def add_one(x: Any) -> Any:
-    return x + 1
-
-
-def overhead_workload() -> Workload:
-    x = torch.zeros(4)
-    return Workload(
-        "overhead", "per-call overhead: `x + 1`, x of shape (4,)",
-        {**torch_calls(add_one, x), "jax": jax_call(add_one, jnp.asarray(x.numpy()))},
-    )
-
-
-def mlp_inputs(batch: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(batch, 1024, generator=torch.Generator().manual_seed(seed))
-
-
-def mlp_workload() -> Workload:
-    model, x = _seeded(MLP).eval(), mlp_inputs(64)
-    return Workload(
-        "mlp", "MLP 3x1024, batch 64",
-        {**torch_calls(model, x), "jax": jax_call(mlp_jax, to_jax(model), jnp.asarray(x.numpy()))},
-    )
-
-
-def decoder_workload(name: str = "decoder", batch: int = 4, length: int = 128, description: str = "") -> Workload:
-    model = _seeded(Decoder).eval()
-    tokens = torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(1))
-    forward = functools.partial(decoder_jax, heads=4, layers=len(model.blocks))
-    return Workload(
-        name, description or f"decoder 2 blocks, d=256, 4 heads, seq {length}, batch {batch}",
-        {
-            **torch_calls(model, tokens),
-            "jax": jax_call(forward, to_jax(model), jnp.asarray(tokens.numpy(), jnp.int32)),
-        },
-    )
-
-
-def image_workload(
-    name: str, description: str, model: nn.Module, forward_jax: Callable[..., jax.Array], shape: tuple[int, ...]
-) -> Workload:
-    """``model`` and its JAX version on one batch of random images."""
-    images = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    jax_images = jnp.asarray(images.numpy())
-    return Workload(
-        name, description, {**torch_calls(model, images), "jax": jax_call(forward_jax, to_jax(model), jax_images)}
-    )
-
-
-def cnn_workload() -> Workload:
-    return image_workload("cnn", "ResNet-style CNN 32x32, batch 16", _resnet(), resnet_jax, (16, 3, 32, 32))
-
-
-def mobilenet_workload() -> Workload:
-    description = "MobileNetV3-style CNN (depthwise 3x3/5x5, squeeze-excite) 64x64, batch 8"
-    return image_workload("mobilenet", description, _mobilenet(), mobilenet_jax, (8, 3, 64, 64))
-
-
-def frozen_calls(model: nn.Module, jax_forward: Callable[..., jax.Array], *inputs: torch.Tensor) -> dict[str, Call]:
-    """Each path with its parameters frozen: Inductor's ``freezing``, tpu's
-    ``freeze_parameters``, JAX with the parameters closed over as constants."""
-    inductor = torch.compile(model, backend="inductor")
-    frozen_inductor = _first_call_under(torch._inductor.config.patch(freezing=True), inductor)
-    tpu = torch.compile(model, backend="tpu", options={**TPU_OPTIONS, "freeze_parameters": True})
-    return {
-        "eager": functools.partial(model, *inputs),
-        "inductor": functools.partial(frozen_inductor, *inputs),
-        "tpu": functools.partial(tpu, *inputs),
-        "jax": jax_call(
-            functools.partial(jax_forward, to_jax(model)), *(jnp.asarray(t.numpy()) for t in inputs)
-        ),
-    }
-
-
-def mlp_frozen_workload() -> Workload:
-    model = _seeded(MLP).eval()
-    return Workload("mlp_frozen", "MLP 3x1024, batch 64, parameters frozen", frozen_calls(model, mlp_jax, mlp_inputs(64)))
-
-
-def cnn_frozen_workload() -> Workload:
-    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    return Workload(
-        "cnn_frozen", "ResNet-style CNN, parameters frozen", frozen_calls(_resnet(), resnet_jax, images)
-    )
-
-
-def _first_call_under(context: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its first call (where torch.compile compiles) inside ``context``."""
-    compiled = []
-
-    def call(*args: Any) -> Any:
-        if compiled:
-            return fn(*args)
-        with context:
-            result = fn(*args)
-        compiled.append(True)
-        return result
-
-    return call
-
-
-def torch_train_step(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor
-) -> Callable[[], torch.Tensor]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-
-    def step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-
-    return step
-
-
-def jax_train_call(params: Params, x: jax.Array, y: jax.Array) -> Call:
-    step = jax.jit(mlp_sgd_step_jax, donate_argnums=0)
-    state = [params]
-
-    def call() -> jax.Array:
-        state[0], loss = step(state[0], x, y)
-        return jax.block_until_ready((state[0], loss))[1]
-
-    return call
-
-
-def train_workload() -> Workload:
-    """Every path trains its own copy of one initialisation on the same batch."""
-    x, y = mlp_inputs(64), mlp_inputs(64, seed=2)
-    calls = {path: compile_for(path, torch_train_step(_seeded(MLP), x, y)) for path in TORCH_PATHS}
-    jax_x, jax_y = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
-    calls["jax"] = jax_train_call(to_jax(_seeded(MLP)), jax_x, jax_y)
-    return Workload("train", "MLP train step (fwd + bwd + SGD), batch 64", calls, grad=True)
-
-
-BUILDERS: dict[str, Callable[[], Workload]] = {
-    "overhead": overhead_workload,
-    "mlp": mlp_workload,
-    "decoder": decoder_workload,
-    "decode": functools.partial(
-        decoder_workload, "decode", 1, 1, "decoder on one token, batch 1 (a generation step's shape)"
-    ),
-    "cnn": cnn_workload,
-    "mobilenet": mobilenet_workload,
-    "mlp_frozen": mlp_frozen_workload,
-    "cnn_frozen": cnn_frozen_workload,
-    "train": train_workload,
-}
 
 
 # --------------------------------------------------------------------- measuring
@@ -580,186 +391,6 @@ def prime_backends() -> dict[str, float]:
         call()
         seconds[path] = time.perf_counter() - started
     return seconds
-
-
-# ------------------------------------------------------------------------ bars
-
-
-@dataclasses.dataclass(frozen=True)
-class Bar:
-    name: str
-    measured: float
-    needed: float
-    at_most: bool = False
-    """True: the measured value must not exceed ``needed`` (else: reach it)."""
-
-    @property
-    def passed(self) -> bool:
-        return self.measured <= self.needed if self.at_most else self.measured >= self.needed
-
-    def row(self) -> list[str]:
-        needed = f"{'<=' if self.at_most else '>='} {self.needed:.2f}x"
-        return [self.name, f"{self.measured:.3f}x", needed, "PASS" if self.passed else "FAIL"]
-
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def evaluate_bars(results: Mapping[str, Any], pinned: bool) -> list[Bar]:
-    """Every bar whose workloads ran: the one-thread lab bars when ``pinned``,
-    else the default-settings bars of issue 21."""
-    bars: list[Bar] = []
-    steady = STEADY if pinned else STEADY_AT_DEFAULTS
-    reference = "jax" if pinned else "eager"  # what each workload must reach 0.95x of
-    for name in steady:
-        if name in results:
-            bars.append(Bar(f"tpu vs {LABELS[reference]}, {name}", results[name]["speed_ratio"][reference], 0.95))
-    if all(name in results for name in steady):
-        for other, needed in (("eager", 1.1), ("inductor", 1.0)):
-            ratios = [results[name]["speed_ratio"][other] for name in steady]
-            label = f"geomean {'/'.join(steady)}, tpu vs {LABELS[other]}"
-            bars.append(Bar(label, geomean(ratios), needed))
-    if "overhead" in results:
-        ratio = results["overhead"]["speed_ratio"]["inductor"]
-        # At defaults: tpu's per-call time at most 1.5x Inductor's.
-        bars.append(Bar("per-call overhead, Inductor time / tpu time", ratio, 1.0 if pinned else 1 / 1.5))
-    if "decoder" in results:
-        cold = results["decoder"]["cold_compile_s"]
-        ratio = cold["tpu"] / cold["inductor"]
-        bars.append(Bar("decoder cold compile, tpu / Inductor", ratio, 0.2, at_most=True))
-    if "train" in results:
-        other = "eager" if pinned else "inductor"
-        ratio = results["train"]["speed_ratio"][other]
-        bars.append(Bar(f"MLP train step, tpu vs {LABELS[other]}", ratio, 1.0))
-    return bars
-
-
-# ------------------------------------------------------------------------ output
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
-def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _row(label: str, times: Mapping[str, float], ratios: Mapping[str, float]) -> list[str]:
-    cells = [fmt_time(times[p]) if p in times else "-" for p in PATHS]
-    return [label, *cells, *(f"{ratios[o]:.2f}x" if o in ratios else "-" for o in OTHERS)]
-
-
-def result_rows(results: Mapping[str, Any]) -> list[list[str]]:
-    """Steady workloads, the dynamic sweep's two passes, then cold compiles."""
-    rows = [
-        _row(results[name]["description"], results[name]["median_s"], results[name]["speed_ratio"])
-        for name in BUILDERS
-        if name in results
-    ]
-    if "dynamic" in results:
-        sweep = results["dynamic"]
-        for kind in ("first_pass", "second_pass"):
-            label = f"{sweep['description']}, {kind.replace('_', ' ')} (total)"
-            rows.append(_row(label, sweep[f"{kind}_s"], sweep["speed_ratio"][kind]))
-    for name in ("decoder", "cnn", "mlp", "train"):
-        if name in results:
-            cold = results[name]["cold_compile_s"]
-            ratios = {o: cold[o] / cold["tpu"] for o in ("inductor", "jax")}
-            rows.append(_row(f"cold compile, {name} (first call - steady call)", cold, ratios))
-    return rows
-
-
-BAR_HEADER = ["bar", "measured", "needed", "verdict"]
-RESULT_HEADER = ["workload", *(LABELS[p] for p in PATHS), *(f"tpu vs {LABELS[o]}" for o in OTHERS)]
-
-
-def report_text(report: Mapping[str, Any]) -> str:
-    """The results and bars as markdown tables (printed, and put in docs/performance.md)."""
-    meta = report["meta"]
-    command = "python benchmarks/perf.py" + (f" --threads {meta['threads']}" if meta["threads"] else "")
-    settings = (
-        f"{meta['threads']} intra-op thread(s) for every path, malloc thresholds pinned, "
-        if meta["threads"]
-        else "default settings (threads, allocator and XLA flags as a user gets them), "
-    )
-    lines = [
-        f"`{command}` on {meta['date']}: {meta['cpu_count']} CPU cores "
-        f"(load average {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end), "
-        f"{settings}"
-        f"torch {meta['versions']['torch']}, "
-        f"jaxlib {meta['versions']['jaxlib']}, tpu_inductor {meta['commit']}. Medians over "
-        f"{report['settings']['rounds']} interleaved rounds; \"tpu vs X\" is the median over "
-        "rounds of X's time / tpu's time (> 1: tpu is faster).",
-        "",
-        markdown(RESULT_HEADER, result_rows(report["workloads"])),
-        "",
-        "CPU time per wall-clock second of each path's timed calls (2.0: both cores busy):",
-        "",
-        markdown(CPU_HEADER, cpu_rows(report["workloads"])),
-        "",
-        markdown(BAR_HEADER, [Bar(**b["bar"]).row() for b in report["bars"]]),
-    ]
-    return "\n".join(lines)
-
-
-CPU_HEADER = ["workload", *(LABELS[p] for p in PATHS)]
-
-
-def cpu_rows(results: Mapping[str, Any]) -> list[list[str]]:
-    return [
-        [name, *(f"{results[name]['cpu_per_wall'][p]:.2f}" for p in PATHS)]
-        for name in BUILDERS
-        if name in results and "cpu_per_wall" in results[name]
-    ]
-
-
-def write_docs(text: str, markers: tuple[str, str], page: Path = RESULTS_PAGE) -> None:
-    """Replace what lies between ``markers`` (the default or the pinned table's) with ``text``."""
-    from benchmarks.sweep_common import replace_between_markers
-
-    replace_between_markers(page, markers, text)
-
-
-def versions() -> dict[str, str]:
-    from importlib import metadata
-
-    dists = ("torch", "torch-mlir", "jax", "jaxlib", "numpy")
-    return {dist: metadata.version(dist) for dist in dists}
-
-
-def commit() -> str:
-    """The commit of the tpu_inductor being measured (``+dirty``: its package has edits)."""
-    import tpu_inductor
-
-    checkout = Path(tpu_inductor.__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True)
-        return done.stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--", "tpu_inductor") else "")
-
-
-def print_progress(name: str, result: Mapping[str, Any]) -> None:
-    if name == "dynamic":
-        for kind in ("first_pass", "second_pass"):
-            times = "  ".join(f"{LABELS[p]} {fmt_time(result[f'{kind}_s'][p])}" for p in PATHS)
-            print(f"  {kind.replace('_', ' ')}: {times}", flush=True)
-        return
-    for key in ("median_s", "first_call_s"):
-        print(f"  {key}: " + "  ".join(f"{LABELS[p]} {fmt_time(result[key][p])}" for p in PATHS))
-    print("  tpu vs: " + "  ".join(f"{LABELS[o]} {result['speed_ratio'][o]:.2f}x" for o in OTHERS))
-    utilisation = "  ".join(f"{LABELS[p]} {result['cpu_per_wall'][p]:.2f}" for p in PATHS)
-    print(f"  cpu/wall: {utilisation}", flush=True)
 
 
 # --------------------------------------------------------------------------- main

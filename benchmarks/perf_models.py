@@ -1,6 +1,6 @@
 """The models benchmarks/perf.py times, in PyTorch and the same computations in JAX.
 
-Imported by perf.py after it has set (or left alone) the thread and
+Imported (through perf_workloads.py) after perf.py has set (or left alone) the thread and
 allocator settings, which torch and XLA read when they load.
 """
 
