@@ -26,7 +26,11 @@ call and Dynamo graph count.
 Nothing is pinned (threads, allocator, XLA flags): these are the numbers at
 the settings users run. The load average is recorded at start and end.
 
-Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-docs]
+``--device cuda`` runs the models and prompts on a GPU (the tpu backend then
+picks jax's CUDA client); results go to ``--out`` (default: the CPU table's
+JSON for the CPU run, ``generate-cuda.json`` for a GPU run).
+
+Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-docs] [--device cuda]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generate.json"
+CUDA_RESULTS = ROOT / "benchmarks" / "results" / "generate-cuda.json"
 RESULTS_PAGE = ROOT / "docs" / "generation.md"
 MARKERS = ("<!-- generate-table:start -->", "<!-- generate-table:end -->")
 
@@ -52,6 +57,8 @@ MODES = ("dynamic", "static", "compile_config", "loop")
 PROMPT_LENGTHS = (7, 12, 15, 20)
 NEW_TOKENS = 32
 VOCAB = 128
+DEVICE = "cpu"
+"""Where models and prompts live (``--device``); set once by :func:`main`."""
 
 
 def build_model(arch: str):
@@ -73,7 +80,7 @@ def build_model(arch: str):
         "mistral": lambda: tf.MistralConfig(**small, sliding_window=8),
     }
     torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(configs[arch]()).eval()
+    return tf.AutoModelForCausalLM.from_config(configs[arch]()).eval().to(DEVICE)
 
 
 def prompt(length: int, batch: int = 1):
@@ -86,7 +93,15 @@ def prompt(length: int, batch: int = 1):
     if batch > 1:
         mask[-1, : length // 3] = 0
         ids[-1, : length // 3] = 0
-    return ids, mask
+    return ids.to(DEVICE), mask.to(DEVICE)
+
+
+def synchronize() -> None:
+    """Wait for the device (a timed call ends when its work is done)."""
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def greedy_loop(forward: Callable, ids, mask, new_tokens: int):
@@ -174,6 +189,7 @@ def correctness(arch: str, mode: str) -> dict:
         before = _eager_steps(report.current())
         started = time.perf_counter()
         got = tpu(*prompt(length, batch))
+        synchronize()
         rows.append({
             "prompt": length, "batch": batch, "seconds": time.perf_counter() - started,
             "equal": bool(got.shape == want.shape and (got == want).all()),
@@ -213,6 +229,7 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         started = time.perf_counter()
         generate(ids, mask, NEW_TOKENS + 1)
+        synchronize()
         first[name] = {"first_call": time.perf_counter() - started,
                        "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
         generate(ids, mask, 1)
@@ -221,9 +238,11 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
         for name, generate in generators.items():
             started = time.perf_counter()
             generate(ids, mask, 1)
+            synchronize()
             one = time.perf_counter() - started
             started = time.perf_counter()
             generate(ids, mask, NEW_TOKENS + 1)
+            synchronize()
             many = time.perf_counter() - started
             samples[name]["prefill"].append(one)
             samples[name]["decode"].append((many - one) / NEW_TOKENS)
@@ -249,7 +268,7 @@ def child(arch: str, mode: str, with_timing: bool, rounds: int) -> None:
 
 def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) -> dict:
     """One fresh worker process per row, so a crash or hang counts as that row's."""
-    command = [sys.executable, __file__, "--child", f"{arch}:{mode}", "--rounds", str(rounds)]
+    command = [sys.executable, __file__, "--child", f"{arch}:{mode}", "--rounds", str(rounds), "--device", DEVICE]
     if with_timing:
         command.append("--timing")
     try:
@@ -311,8 +330,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--write-docs", action="store_true", help=f"update the table in {RESULTS_PAGE.relative_to(ROOT)}")
     parser.add_argument("--update", action="store_true",
                         help=f"keep the rows of {RESULTS.relative_to(ROOT)} that this run does not redo")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where models and prompts live")
+    parser.add_argument("--out", type=Path, help=f"results JSON (default {RESULTS.relative_to(ROOT)}; "
+                        f"{CUDA_RESULTS.name} with --device cuda)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if args.write_docs and DEVICE != "cpu":
+        parser.error(f"--write-docs writes the CPU table of {RESULTS_PAGE.name}; a GPU run's goes to the README "
+                     "through benchmarks/gpu_check.py")
+    out = args.out or (CUDA_RESULTS if DEVICE.startswith("cuda") else RESULTS)
     if args.child:
         arch, mode = args.child.split(":")
         child(arch, mode, args.timing, args.rounds)
@@ -333,16 +361,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     from benchmarks.sweep_common import environment, write_json
 
     meta = {**environment(), "seconds": time.time() - started, "load_average": [load_start, os.getloadavg()[0]],
-            "prompt_lengths": PROMPT_LENGTHS, "new_tokens": NEW_TOKENS}
-    if args.update and RESULTS.exists():
+            "prompt_lengths": PROMPT_LENGTHS, "new_tokens": NEW_TOKENS, "device": DEVICE}
+    if args.update and out.exists():
         redone = {(r["arch"], r["mode"]) for r in rows}
-        kept = [r for r in json.loads(RESULTS.read_text())["rows"] if (r["arch"], r["mode"]) not in redone]
+        kept = [r for r in json.loads(out.read_text())["rows"] if (r["arch"], r["mode"]) not in redone]
         order = {key: i for i, key in enumerate((a, m) for a in ARCHITECTURES for m in MODES)}
         rows = sorted(kept + rows, key=lambda r: order.get((r["arch"], r["mode"]), len(order)))
-    write_json(RESULTS, {"meta": meta, "rows": rows})
+    write_json(out, {"meta": meta, "rows": rows})
     text = table(rows)
     print("\n" + text)
-    print(f"\nload average {meta['load_average'][0]:.2f} -> {meta['load_average'][1]:.2f}; wrote {RESULTS}")
+    print(f"\nload average {meta['load_average'][0]:.2f} -> {meta['load_average'][1]:.2f}; wrote {out}")
     if args.write_docs:
         write_docs(text)
     failed = [r for r in rows if "error" in r or not r["tokens_equal"] or r["eager_steps_after_first"]]

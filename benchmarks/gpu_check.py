@@ -1,16 +1,34 @@
-"""One short run on an NVIDIA machine: the model suite on CUDA, and speed vs Inductor.
+"""One short run on an NVIDIA machine (issues 21 and 24): is the CUDA path right, and how fast is it.
 
-Installs nothing: run it where tpu_inductor is installed with the ``[cuda]``
-extra (jax's CUDA plugin) and a CUDA build of torch. For every model of the
-model suite (tests/models.py) it runs eager, ``backend="inductor"`` and
-``backend="tpu"`` (platform auto-selected: CUDA inputs pick jax's CUDA
-client) on the same inputs, checks tpu's inference output and training
-gradients against eager, and prints median step times and paired ratios.
+Installs nothing: run it where tpu_inductor, torch-mlir, a CUDA build of torch
+and jax's CUDA plugin are importable (``benchmarks/device/run.sh`` sets that up
+on the lent test machine from what ``benchmarks/device/prepare.sh`` packed
+here). Every section is recorded in the JSON even when it fails, so one run
+answers everything it can:
 
-    python benchmarks/gpu_check.py               # on the GPU machine
-    python benchmarks/gpu_check.py --device cpu  # dry run of the same code here
+- ``zero_copy``: a CUDA tensor crosses to XLA and back through DLPack without
+  a copy (the data pointers of the torch tensor, the PJRT buffer and the
+  tensor handed back are compared) and the values survive the trip;
+- ``stream``: a tensor written by a torch kernel on a side stream (behind a
+  long ``torch.cuda._sleep``, so a missing wait reads stale memory) is read
+  by an island, inside that stream's context and after ``wait_stream``;
+- ``models``: the model suite of tests/models.py, inference and one training
+  step's gradients against eager, compiled ``strict`` for the device (any
+  node placed in eager raises) with at least one island; then the inference
+  step's time through eager, Inductor and tpu;
+- ``perf``: perf.py's workloads (MLP, decoder, ResNet-style CNN,
+  MobileNet-style CNN, the MLP training step) through eager, Inductor and tpu
+  on the device, in paired interleaved rounds (``paired_rounds.py``);
+- ``generate``: ``benchmarks/generate.py --device cuda --timing`` on a few
+  architectures, in its own processes, in the time left of ``--budget-s``.
 
-Writes JSON (``--out``) so the numbers can go into the README.
+TF32 is off, so CUDA matmuls stay float32 and eager's numbers are float32's.
+
+    python benchmarks/gpu_check.py                # on the GPU machine (under 10 minutes)
+    python benchmarks/gpu_check.py --device cpu   # dry run of the same code here
+    python benchmarks/gpu_check.py --write-docs   # the README's table from the JSON of the last run
+
+Writes ``benchmarks/results/gpu_check.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -18,119 +36,327 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from models import MODELS  # noqa: E402  (the model suite's own builders)
 
-# Same tolerances as tests/test_models.py (float32 reorderings in dot/conv);
-# TF32 is off below so CUDA matmuls stay float32.
+from benchmarks.paired_rounds import calls_per_round, interleaved, paired_ratios  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
+README = ROOT / "README.md"
+MARKERS = ("<!-- gpu-table:start -->", "<!-- gpu-table:end -->")
+# The model suite's tolerances (tests/test_models.py: float32 reorderings in dot/conv).
 RTOL, ATOL = 1e-4, 1e-5
+PATHS = ("eager", "inductor", "tpu")
+GENERATE_ROWS = "llama:static,gpt2:static,llama:dynamic"
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn, device: torch.device, repeats: int) -> float:
-    fn()
-    _synchronize(device)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        _synchronize(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def tpu_options(device: torch.device, **extra: Any) -> dict[str, Any]:
+    return {"cache": False, "platform": device.type, **extra}
 
 
-def check_model(name: str, device: torch.device, repeats: int) -> dict:
+def section(name: str, run: Callable[[], Any]) -> dict[str, Any]:
+    """``run()``'s result, or the error it raised (a failing section does not end the run)."""
+    started = time.perf_counter()
+    try:
+        result: dict[str, Any] = {"result": run()}
+    except Exception as error:  # noqa: BLE001  every failure is a finding to record
+        result = {"error": f"{type(error).__name__}: {error}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+    result["seconds"] = time.perf_counter() - started
+    print(f"{name}: {'FAILED ' + result['error'] if 'error' in result else 'ok'} ({result['seconds']:.1f} s)",
+          flush=True)
+    return result
+
+
+# ------------------------------------------------------------------ correctness
+
+
+def zero_copy(device: torch.device) -> dict[str, Any]:
+    """Data pointers of a tensor, its PJRT buffer and the tensor that comes back."""
+    from tpu_inductor.runtime import transfer
+    from tpu_inductor.runtime.platform import get_platform
+
+    tensor = torch.arange(4096, dtype=torch.float32, device=device)
+    platform = get_platform(device.type)
+    if device.type == "cuda":
+        buffer = transfer.to_device(tensor, platform)
+        back = transfer.to_torch(buffer, platform)
+    else:  # the CPU client's path: kept host views in, DLPack out
+        buffer = transfer.HostViews(platform).buffers((tensor,))[0]
+        back = transfer.host_tensor(buffer)
+    pointer = buffer.unsafe_buffer_pointer()
+    found = {
+        "input_shared": pointer == tensor.data_ptr(),
+        "output_shared": back.data_ptr() == pointer,
+        "values_equal": bool(torch.equal(back, tensor)),
+        "result_device": str(back.device),
+    }
+    if not all(found[key] for key in ("input_shared", "output_shared", "values_equal")):
+        raise AssertionError(f"copied or changed on the way: {found}")
+    return found
+
+
+def stream(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {"skipped": "needs CUDA streams"}
+    compiled = torch.compile(lambda t: (t * 2).sum(dim=0), backend="tpu", options=tpu_options(device, strict=True))
+    base = torch.zeros(2048, 2048, device=device)
+    compiled(base)  # the compile happens here, not in the race below
+    side = torch.cuda.Stream(device)
+    wrong = []
+    for trial, inside in ((1, True), (2, True), (3, False), (4, False)):
+        with torch.cuda.stream(side):
+            written = torch.zeros(2048, 2048, device=device)
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of the side stream before the write
+            written.fill_(float(trial))
+            if inside:
+                got = compiled(written)
+        if not inside:
+            torch.cuda.current_stream(device).wait_stream(side)
+            got = compiled(written)
+        synchronize(device)
+        if not torch.equal(got, torch.full_like(got, 2.0 * trial * 2048)):
+            wrong.append({"trial": trial, "inside_side_stream": inside, "first": float(got[0])})
+    if wrong:
+        raise AssertionError(f"the island read memory before the side stream wrote it: {wrong}")
+    return {"trials": 4, "wrong": 0}
+
+
+def islands_run() -> int:
+    from tpu_inductor import report
+
+    return sum(island.executions for island in report.current().islands())
+
+
+def check_model(name: str, device: torch.device, repeats: int) -> dict[str, Any]:
+    from tpu_inductor import report
+
     model, inputs, targets, loss_fn = MODELS[name](0)
-    model = model.to(device)
+    model, targets = model.to(device), targets.to(device)
     inputs = [x.to(device) for x in inputs]
-    targets = targets.to(device)
-    result: dict = {"model": name}
-
-    # Correctness: inference and one training step's gradients against eager.
+    strict = tpu_options(device, strict=True)
+    report.reset()
     model.eval()
     with torch.no_grad():
         expected = model(*inputs)
-        compiled = torch.compile(copy.deepcopy(model), backend="tpu", options={"cache": False})
-        torch.testing.assert_close(compiled(*inputs), expected, rtol=RTOL, atol=ATOL)
+        got = torch.compile(copy.deepcopy(model), backend="tpu", options=strict)(*inputs)
+        torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
     model.train()
     trained = copy.deepcopy(model)
-    loss_fn(torch.compile(trained, backend="tpu", options={"cache": False})(*inputs), targets).backward()
+    loss_fn(torch.compile(trained, backend="tpu", options=strict)(*inputs), targets).backward()
     loss_fn(model(*inputs), targets).backward()
     for (param_name, p), q in zip(model.named_parameters(), trained.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, rtol=RTOL, atol=ATOL, msg=lambda m: f"{param_name}: {m}")
-    result["matches_eager"] = True
-
-    # Speed: inference step, eager vs inductor vs tpu, timed in the same run.
+    executions = islands_run()
+    if not executions:
+        raise AssertionError("no island ran: the compiled model did not reach the device")
     model.eval()
-    paths = {
-        "eager": model,
-        "inductor": torch.compile(copy.deepcopy(model), backend="inductor"),
-        "tpu": torch.compile(copy.deepcopy(model), backend="tpu"),
-    }
     with torch.no_grad():
-        for path, fn in paths.items():
-            result[f"{path}_ms"] = 1e3 * median_seconds(lambda: fn(*inputs), device, repeats)
-    result["tpu_vs_eager"] = result["eager_ms"] / result["tpu_ms"]
-    result["tpu_vs_inductor"] = result["inductor_ms"] / result["tpu_ms"]
-    return result
+        calls = {
+            path: _synchronized(fn, inputs, device)
+            for path, fn in (
+                ("eager", model),
+                ("inductor", torch.compile(copy.deepcopy(model), backend="inductor")),
+                ("tpu", torch.compile(copy.deepcopy(model), backend="tpu", options=tpu_options(device))),
+            )
+        }
+        timed = _paired(calls, rounds=repeats)
+    return {"model": name, "matches_eager": True, "island_executions": executions, **timed}
 
 
-def main() -> None:
+# ------------------------------------------------------------------------ speed
+
+
+def _synchronized(fn: Callable[..., Any], inputs: list[Any], device: torch.device) -> Callable[[], Any]:
+    def call() -> Any:
+        result = fn(*inputs)
+        synchronize(device)
+        return result
+
+    return call
+
+
+def _paired(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
+    """First-call seconds (compiles included), medians of paired rounds and ratios vs tpu."""
+    first = {}
+    for path, call in calls.items():
+        started = time.perf_counter()
+        call()
+        first[path] = time.perf_counter() - started
+        call()
+    samples = interleaved(calls, rounds, calls_per_round(calls, 0.05))
+    return {
+        "first_call_s": first,
+        "median_s": {path: statistics.median(times) for path, times in samples.per_call_s.items()},
+        "speed_ratio": paired_ratios(samples.per_call_s, ("eager", "inductor")),
+    }
+
+
+def perf_workloads(device: torch.device, rounds: int) -> dict[str, Any]:
+    """perf.py's models and input shapes, on ``device``; outputs checked against eager's first."""
+    from benchmarks.perf_models import MLP, Decoder, _mobilenet, _resnet, _seeded
+    from benchmarks.perf_workloads import torch_train_step
+
+    def generator() -> torch.Generator:
+        return torch.Generator().manual_seed(1)
+
+    inference = {
+        "mlp": (_seeded(MLP), torch.randn(64, 1024, generator=generator())),
+        "decoder": (_seeded(Decoder), torch.randint(0, 1000, (4, 128), generator=generator())),
+        "cnn": (_resnet(), torch.randn(16, 3, 32, 32, generator=generator())),
+        "mobilenet": (_mobilenet(), torch.randn(8, 3, 64, 64, generator=generator())),
+    }
+    results: dict[str, Any] = {}
+    for name, (model, x) in inference.items():
+        model, x = model.eval().to(device), x.to(device)
+        compiled = {"eager": model, "inductor": torch.compile(model, backend="inductor"),
+                    "tpu": torch.compile(model, backend="tpu", options=tpu_options(device))}
+        with torch.no_grad():
+            expected = model(x)
+            for path in ("inductor", "tpu"):
+                torch.testing.assert_close(compiled[path](x), expected, rtol=1e-4, atol=1e-4)
+            results[name] = _paired({p: _synchronized(f, [x], device) for p, f in compiled.items()}, rounds)
+        print(f"  {name}: tpu vs eager {results[name]['speed_ratio']['eager']:.2f}x, "
+              f"vs Inductor {results[name]['speed_ratio']['inductor']:.2f}x", flush=True)
+    x, y = (torch.randn(64, 1024, generator=torch.Generator().manual_seed(s)).to(device) for s in (1, 2))
+    steps = {}
+    for path in PATHS:
+        step = torch_train_step(_seeded(MLP).to(device), x, y)
+        if path != "eager":
+            options = {} if path == "inductor" else {"options": tpu_options(device)}
+            step = torch.compile(step, backend=path, **options)
+        steps[path] = _synchronized(step, [], device)
+    results["train"] = _paired(steps, rounds)
+    return results
+
+
+def generation(device: torch.device, seconds_left: float) -> dict[str, Any]:
+    """generate.py's correctness rows and timing on the device, in its own processes."""
+    if seconds_left < 90:
+        return {"skipped": f"{seconds_left:.0f} s left of the budget"}
+    out = ROOT / "benchmarks" / "results" / f"generate-{device.type}.json"
+    rows = GENERATE_ROWS.split(",")
+    per_row = int((seconds_left - 30) / len(rows))  # generate.py ends a row that runs past this itself
+    command = [sys.executable, str(ROOT / "benchmarks" / "generate.py"), "--device", device.type, "--timing",
+               "--timing-modes", "static,dynamic", "--rounds", "3", "--only", ",".join(rows), "--out", str(out),
+               "--timeout", str(per_row)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if not out.exists():
+        raise RuntimeError(f"generate.py wrote nothing (exit {done.returncode}): {done.stderr[-1500:]}")
+    return {"exit": done.returncode, "json": str(out.relative_to(ROOT)), **json.loads(out.read_text())}
+
+
+# ----------------------------------------------------------------------- output
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return "FAILED: " + row["error"][:120]
+    skipped = row.get("skipped") or row.get("result", {}).get("skipped")
+    return f"skipped ({skipped})" if skipped else "ok"
+
+
+def table(report: dict[str, Any]) -> str:
+    """Markdown: the checks, then per workload the median times and tpu's ratios."""
+    lines = [f"`python benchmarks/gpu_check.py` on {report['meta']['date']}: {report['meta']['device_name']}, "
+             f"torch {report['meta']['torch']}, jaxlib {report['meta']['jaxlib']}, tpu_inductor "
+             f"{report['meta']['tpu_inductor_commit'][:7]}. Ratios: medians of paired rounds of the other path's time / tpu's "
+             "(> 1: tpu is faster).", ""]
+    checks = {name: report[name] for name in ("zero_copy", "stream")}
+    checks.update({f"model {row['model']}": row for row in report["models"]})
+    lines += ["| check | result |", "| --- | --- |"]
+    lines += [f"| {name} | {_verdict(row)} |" for name, row in checks.items()]
+    rows = [(f"model suite: {row['model']}", row) for row in report["models"] if "median_s" in row]
+    rows += [(f"perf.py: {name}", row) for name, row in report["perf"].get("result", {}).items()]
+    lines += ["", "| workload | eager | Inductor | tpu | tpu vs eager | tpu vs Inductor |", "| --- | --- | --- | --- | --- | --- |"]
+    for label, row in rows:
+        times = " | ".join(f"{row['median_s'][p] * 1e3:.3f} ms" for p in PATHS)
+        ratios = " | ".join(f"{row['speed_ratio'][p]:.2f}x" for p in ("eager", "inductor"))
+        lines.append(f"| {label} | {times} | {ratios} |")
+    generated = report["generate"].get("result", {})
+    for row in generated.get("rows", []):
+        if "timing" in row:
+            t = row["timing"]
+            lines.append(f"| generate {row['arch']} {row['mode']}: decode per token | "
+                         + " | ".join(f"{t[p]['decode'] * 1e3:.3f} ms" for p in PATHS)
+                         + f" | {t['eager']['decode'] / t['tpu']['decode']:.2f}x | "
+                         f"{t['inductor']['decode'] / t['tpu']['decode']:.2f}x |")
+    return "\n".join(lines)
+
+
+def metadata(device: torch.device) -> dict[str, Any]:
+    """Versions, the device and the commit measured (the device machine's copy of the
+    tree has no git history: benchmarks/device/run.sh passes the commit in GPU_CHECK_COMMIT)."""
+    from benchmarks.sweep_common import environment
+
+    meta = environment()
+    meta["tpu_inductor_commit"] = meta["tpu_inductor_commit"] or os.environ.get("GPU_CHECK_COMMIT", "unknown")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
+    return {**meta, "device": str(device), "device_name": name}
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=10, help="paired rounds per workload")
     parser.add_argument("--models", nargs="*", default=sorted(MODELS))
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_check.json")
+    parser.add_argument("--sections", default="zero_copy,stream,models,perf,generate")
+    parser.add_argument("--budget-s", type=float, default=540, help="generate.py gets what is left of this")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--write-docs", action="store_true", help="put the table of --out's run in the README")
     args = parser.parse_args()
+    if args.write_docs:
+        from benchmarks.sweep_common import replace_between_markers
 
+        replace_between_markers(README, MARKERS, table(json.loads(args.out.read_text())))
+        return 0
+    started = time.perf_counter()
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             sys.exit("no CUDA device visible to torch: run on the NVIDIA machine, or --device cpu")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    results = []
-    for name in args.models:
+    wanted = set(args.sections.split(","))
+    skipped = {"skipped": "not in --sections"}
+    report: dict[str, Any] = {"meta": metadata(device)}
+    report["zero_copy"] = section("zero_copy", lambda: zero_copy(device)) if "zero_copy" in wanted else skipped
+    report["stream"] = section("stream", lambda: stream(device)) if "stream" in wanted else skipped
+    report["models"] = []
+    for name in args.models if "models" in wanted else ():
         torch._dynamo.reset()
-        try:
-            results.append(check_model(name, device, args.repeats))
-        except Exception as exc:  # report every model, not just the first failure
-            results.append({"model": name, "matches_eager": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
-        row = results[-1]
-        if "error" in row:
-            print(f"{name:22} FAILED {row['error']}")
-        else:
-            print(
-                f"{name:22} eager {row['eager_ms']:7.2f} ms  inductor {row['inductor_ms']:7.2f} ms  "
-                f"tpu {row['tpu_ms']:7.2f} ms  tpu/eager {row['tpu_vs_eager']:.2f}x  "
-                f"tpu/inductor {row['tpu_vs_inductor']:.2f}x"
-            )
-    timed = [r for r in results if "tpu_ms" in r]
-    if timed:
-        geomean = lambda xs: statistics.geometric_mean(xs)  # noqa: E731
-        print(
-            f"geomean speedup: tpu vs eager {geomean([r['tpu_vs_eager'] for r in timed]):.2f}x, "
-            f"vs inductor {geomean([r['tpu_vs_inductor'] for r in timed]):.2f}x; "
-            f"{sum(r['matches_eager'] for r in results)}/{len(results)} models match eager"
-        )
+        row = section(f"model {name}", lambda: check_model(name, device, args.rounds))
+        report["models"].append({"model": name, **row.pop("result", {}), **row})
+    report["perf"] = section("perf", lambda: perf_workloads(device, args.rounds)) if "perf" in wanted else skipped
+    left = args.budget_s - (time.perf_counter() - started)
+    report["generate"] = section("generate", lambda: generation(device, left)) if "generate" in wanted else skipped
+    report["meta"]["seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": str(device), "results": results}, indent=1))
-    sys.exit(0 if all(r["matches_eager"] for r in results) else 1)
+    args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print("\n" + table(report) + f"\n\nwrote {args.out}")
+    failed = [name for name in ("zero_copy", "stream", "perf", "generate") if "error" in report[name]]
+    failed += [row["model"] for row in report["models"] if "error" in row]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -100,7 +100,6 @@ import argparse
 import atexit
 import dataclasses
 import functools
-import gc
 import json
 import os
 import platform
@@ -182,6 +181,7 @@ import torch._inductor.config  # noqa: E402
 from tpu_inductor.process_state import STATE  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
+from benchmarks.paired_rounds import calls_per_round, interleaved, paired_ratios  # noqa: E402
 from benchmarks.perf_models import MLP, _seeded, mlp_jax, to_jax  # noqa: E402
 from benchmarks.perf_report import (  # noqa: E402
     RESULTS_PAGE,
@@ -197,7 +197,6 @@ from benchmarks.perf_workloads import (  # noqa: E402
     COMPILED,
     OTHERS,
     PATHS,
-    Call,
     Workload,
     compile_for,
     jax_call,
@@ -251,57 +250,6 @@ def warm_up(workload: Workload) -> dict[str, float]:
     return first_call
 
 
-def calls_per_round(calls: Mapping[str, Call], target_s: float) -> int:
-    """Enough calls that the slowest path's batch takes about ``target_s``."""
-    slowest = 0.0
-    for call in calls.values():
-        started = time.perf_counter()
-        call()
-        slowest = max(slowest, time.perf_counter() - started)
-    return max(1, min(100_000, round(target_s / max(slowest, 1e-7))))
-
-
-@dataclasses.dataclass
-class Samples:
-    per_call_s: dict[str, list[float]]
-    """Per-call seconds, one entry per round, for each path."""
-    cpu_per_wall: dict[str, float]
-    calls_per_round: int
-
-
-def interleaved(calls: Mapping[str, Call], rounds: int, batch: int) -> Samples:
-    """``rounds`` rounds; each times ``batch`` calls of every path, order rotated per round."""
-    names = list(calls)
-    per_call: dict[str, list[float]] = {name: [] for name in names}
-    cpu = dict.fromkeys(names, 0.0)
-    wall = dict.fromkeys(names, 0.0)
-    gc.collect()
-    gc.disable()
-    try:
-        for index in range(rounds):
-            shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
-                call = calls[name]
-                cpu_started, started = time.process_time(), time.perf_counter()
-                for _ in range(batch):
-                    call()
-                elapsed = time.perf_counter() - started
-                per_call[name].append(elapsed / batch)
-                wall[name] += elapsed
-                cpu[name] += time.process_time() - cpu_started
-    finally:
-        gc.enable()
-    return Samples(per_call, {name: cpu[name] / wall[name] for name in names}, batch)
-
-
-def paired_ratios(per_call: Mapping[str, list[float]]) -> dict[str, float]:
-    """Median over rounds of other path's time / tpu's time (> 1: tpu faster)."""
-    return {
-        other: statistics.median(o / t for o, t in zip(per_call[other], per_call["tpu"]))
-        for other in OTHERS
-    }
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
     rounds: int
@@ -318,7 +266,7 @@ def run_steady(workload: Workload, settings: Settings) -> dict[str, Any]:
     return {
         "description": workload.description,
         "median_s": median,
-        "speed_ratio": paired_ratios(samples.per_call_s),
+        "speed_ratio": paired_ratios(samples.per_call_s, OTHERS),
         "first_call_s": first_call,
         "cold_compile_s": {path: first_call[path] - median[path] for path in COMPILED},
         "cpu_per_wall": samples.cpu_per_wall,

@@ -19,6 +19,7 @@ import torch._inductor.config
 import torch.nn as nn
 import torch.nn.functional as F
 
+from benchmarks.paired_rounds import Call
 from benchmarks.perf_models import (
     LEARNING_RATE,
     MLP,
@@ -41,8 +42,6 @@ COMPILED = ("inductor", "tpu", "jax")
 TORCH_PATHS = ("eager", "inductor", "tpu")
 LABELS = {"eager": "eager", "inductor": "Inductor", "tpu": "tpu", "jax": "jax.jit"}
 TPU_OPTIONS = {"cache": False}
-
-Call = Callable[[], Any]
 
 
 @dataclasses.dataclass
