@@ -305,11 +305,11 @@ def table(report: dict[str, Any]) -> str:
 
 def metadata(device: torch.device) -> dict[str, Any]:
     """Versions, the device and the commit measured (the device machine's copy of the
-    tree has no git history: benchmarks/device/run.sh passes the commit in GPU_CHECK_COMMIT)."""
+    tree has no git history: whoever calls benchmarks/device/run.sh names the commit in BENCHMARK_COMMIT)."""
     from benchmarks.sweep_common import environment
 
     meta = environment()
-    meta["tpu_inductor_commit"] = meta["tpu_inductor_commit"] or os.environ.get("GPU_CHECK_COMMIT", "unknown")
+    meta["tpu_inductor_commit"] = meta["tpu_inductor_commit"] or os.environ.get("BENCHMARK_COMMIT", "unknown")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
     return {**meta, "device": str(device), "device_name": name}
 

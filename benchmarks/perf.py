@@ -356,6 +356,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--json", type=Path,
         help=f"where to write results (default {DEFAULT_JSON.relative_to(ROOT)})")
     add("--write-docs", action="store_true", help="regenerate the results table in docs/performance.md")
+    add("--table-from", type=Path, help="print the tables of a saved results JSON (another machine's run) and exit")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.only) - set(WORKLOADS))
     if unknown:
@@ -370,6 +371,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    if args.table_from:
+        print(report_text(json.loads(args.table_from.read_text())))
+        return 0
     settings = Settings(
         rounds=args.rounds or (5 if args.quick else 30),
         batch_target_s=0.02 if args.quick else 0.05,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -183,7 +184,8 @@ def commit() -> str:
         done = subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True)
         return done.stdout.strip()
 
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    # A copy of the tree without git history (the device machine's) names its commit in BENCHMARK_COMMIT.
+    head = git("rev-parse", "--short", "HEAD") or os.environ.get("BENCHMARK_COMMIT", "unknown")[:7]
     return head + ("+dirty" if git("status", "--porcelain", "--", "tpu_inductor") else "")
 
 

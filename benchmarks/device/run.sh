@@ -4,7 +4,8 @@
 # installed: the machine has no network), say what the backend finds, then run
 # benchmarks/gpu_check.py. Through the device tool, carrying .device/torch_mlir-py3.12.tar.xz:
 #
-#   GPU_CHECK_COMMIT=<commit> bash benchmarks/device/run.sh [gpu_check.py options]
+#   BENCHMARK_COMMIT=<commit> bash benchmarks/device/run.sh [gpu_check.py options]
+#   bash benchmarks/device/run.sh perf [perf.py options]   # perf.py on the machine's 16 CPU cores (issue 21)
 #
 # Results land in $OUT (the folder the tool brings back), or benchmarks/results.
 set -euo pipefail
@@ -22,6 +23,10 @@ export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 "$python" -m tpu_inductor.cli doctor 2>&1 | tee "$out/doctor.txt" || true
+if [ "${1:-}" = perf ]; then
+    shift
+    exec "$python" benchmarks/perf.py --json "$out/perf-cpu.json" "$@"
+fi
 status=0
 "$python" benchmarks/gpu_check.py --out "$out/gpu_check.json" "$@" || status=$?
 cp benchmarks/results/generate-cuda.json "$out/" 2>/dev/null || true
