@@ -9,6 +9,8 @@ architectures from ``benchmarks/hf_zoo.py`` (the builder of the full sweep in
 
 * inference: every floating tensor of the output (hidden states, logits,
   caches) matches eager;
+* inference again through copies (``zero_copy=False``, a TPU's path), with
+  parameter uploads counted;
 * a causal-LM SGD step for five of them: the loss and every parameter
   gradient match an identical copy run eagerly;
 * what the backend achieves today is asserted exactly: the set of ops that
@@ -124,6 +126,27 @@ def test_inference_matches_eager(model_type: str, head: str, tmp_path) -> None:
     problems = compare(expected, actual, **TOLERANCE)
     assert not problems, problems
     _assert_backend(*INFERENCE[model_type, head])
+
+
+@pytest.mark.parametrize("model_type,head", list(INFERENCE), ids=[f"{m}-{h}" for m, h in INFERENCE])
+def test_inference_through_copies_matches_eager(model_type: str, head: str, tmp_path) -> None:
+    """The path a TPU always takes (``zero_copy=False``): inputs copied to the
+    device, results copied back, parameters uploaded once and kept resident."""
+    from tpu_inductor.runtime import executable, platform
+
+    torch._dynamo.reset()
+    model, inputs, expected = _prepare(model_type, head)
+    report.reset()
+    compiled = torch.compile(model, backend="tpu", options={"cache_dir": str(tmp_path), "zero_copy": False})
+    with torch.no_grad():
+        for call in range(2):
+            problems = compare(expected, compiled(**inputs), **TOLERANCE)
+            assert not problems, (call, problems)
+    _assert_backend(*INFERENCE[model_type, head])
+    resident = executable.resident_buffers(platform.get_platform("cpu", zero_copy=False))
+    uploads = [resident.uploads[id(p)] for p in model.parameters() if id(p) in resident.uploads]
+    assert uploads, "no parameter reached the device"
+    assert max(uploads) == 1, f"parameters uploaded more than once in 2 calls: {uploads}"
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gpt2"])
