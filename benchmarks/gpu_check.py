@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -214,16 +213,20 @@ def _paired(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
 def perf_workloads(device: torch.device, rounds: int) -> dict[str, Any]:
     """perf.py's models and input shapes, on ``device``; outputs checked against eager's first."""
     from benchmarks.perf_models import MLP, Decoder, _mobilenet, _resnet, _seeded
-    from benchmarks.perf_workloads import torch_train_step
-
-    def generator() -> torch.Generator:
-        return torch.Generator().manual_seed(1)
+    from benchmarks.perf_workloads import (
+        CNN_IMAGES,
+        MOBILENET_IMAGES,
+        decoder_tokens,
+        mlp_inputs,
+        random_images,
+        torch_train_step,
+    )
 
     inference = {
-        "mlp": (_seeded(MLP), torch.randn(64, 1024, generator=generator())),
-        "decoder": (_seeded(Decoder), torch.randint(0, 1000, (4, 128), generator=generator())),
-        "cnn": (_resnet(), torch.randn(16, 3, 32, 32, generator=generator())),
-        "mobilenet": (_mobilenet(), torch.randn(8, 3, 64, 64, generator=generator())),
+        "mlp": (_seeded(MLP), mlp_inputs(64)),
+        "decoder": (_seeded(Decoder), decoder_tokens()),
+        "cnn": (_resnet(), random_images(CNN_IMAGES)),
+        "mobilenet": (_mobilenet(), random_images(MOBILENET_IMAGES)),
     }
     results: dict[str, Any] = {}
     for name, (model, x) in inference.items():
@@ -237,7 +240,7 @@ def perf_workloads(device: torch.device, rounds: int) -> dict[str, Any]:
             results[name] = _paired({p: _synchronized(f, [x], device) for p, f in compiled.items()}, rounds)
         print(f"  {name}: tpu vs eager {results[name]['speed_ratio']['eager']:.2f}x, "
               f"vs Inductor {results[name]['speed_ratio']['inductor']:.2f}x", flush=True)
-    x, y = (torch.randn(64, 1024, generator=torch.Generator().manual_seed(s)).to(device) for s in (1, 2))
+    x, y = mlp_inputs(64).to(device), mlp_inputs(64, seed=2).to(device)  # perf.py's training batch
     steps = {}
     for path in PATHS:
         step = torch_train_step(_seeded(MLP).to(device), x, y)
@@ -304,14 +307,10 @@ def table(report: dict[str, Any]) -> str:
 
 
 def metadata(device: torch.device) -> dict[str, Any]:
-    """Versions, the device and the commit measured (the device machine's copy of the
-    tree has no git history: whoever calls benchmarks/device/run.sh names the commit in BENCHMARK_COMMIT)."""
     from benchmarks.sweep_common import environment
 
-    meta = environment()
-    meta["tpu_inductor_commit"] = meta["tpu_inductor_commit"] or os.environ.get("BENCHMARK_COMMIT", "unknown")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
-    return {**meta, "device": str(device), "device_name": name}
+    return {**environment(), "device": str(device), "device_name": name}
 
 
 def main() -> int:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -176,17 +174,9 @@ def versions() -> dict[str, str]:
 
 def commit() -> str:
     """The commit of the tpu_inductor being measured (``+dirty``: its package has edits)."""
-    import tpu_inductor
+    from benchmarks.sweep_common import git, head_commit
 
-    checkout = Path(tpu_inductor.__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True)
-        return done.stdout.strip()
-
-    # A copy of the tree without git history (the device machine's) names its commit in BENCHMARK_COMMIT.
-    head = git("rev-parse", "--short", "HEAD") or os.environ.get("BENCHMARK_COMMIT", "unknown")[:7]
-    return head + ("+dirty" if git("status", "--porcelain", "--", "tpu_inductor") else "")
+    return head_commit()[:7] + ("+dirty" if git("status", "--porcelain", "--", "tpu_inductor") else "")
 
 
 def print_progress(name: str, result: Mapping[str, Any]) -> None:

@@ -84,8 +84,20 @@ def overhead_workload() -> Workload:
     )
 
 
+CNN_IMAGES = (16, 3, 32, 32)
+MOBILENET_IMAGES = (8, 3, 64, 64)
+
+
 def mlp_inputs(batch: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(batch, 1024, generator=torch.Generator().manual_seed(seed))
+
+
+def decoder_tokens(batch: int = 4, length: int = 128) -> torch.Tensor:
+    return torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def random_images(shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
 
 
 def mlp_workload() -> Workload:
@@ -98,7 +110,7 @@ def mlp_workload() -> Workload:
 
 def decoder_workload(name: str = "decoder", batch: int = 4, length: int = 128, description: str = "") -> Workload:
     model = _seeded(Decoder).eval()
-    tokens = torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(1))
+    tokens = decoder_tokens(batch, length)
     forward = functools.partial(decoder_jax, heads=4, layers=len(model.blocks))
     return Workload(
         name, description or f"decoder 2 blocks, d=256, 4 heads, seq {length}, batch {batch}",
@@ -113,7 +125,7 @@ def image_workload(
     name: str, description: str, model: nn.Module, forward_jax: Callable[..., jax.Array], shape: tuple[int, ...]
 ) -> Workload:
     """``model`` and its JAX version on one batch of random images."""
-    images = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    images = random_images(shape)
     jax_images = jnp.asarray(images.numpy())
     return Workload(
         name, description, {**torch_calls(model, images), "jax": jax_call(forward_jax, to_jax(model), jax_images)}
@@ -121,12 +133,12 @@ def image_workload(
 
 
 def cnn_workload() -> Workload:
-    return image_workload("cnn", "ResNet-style CNN 32x32, batch 16", _resnet(), resnet_jax, (16, 3, 32, 32))
+    return image_workload("cnn", "ResNet-style CNN 32x32, batch 16", _resnet(), resnet_jax, CNN_IMAGES)
 
 
 def mobilenet_workload() -> Workload:
     description = "MobileNetV3-style CNN (depthwise 3x3/5x5, squeeze-excite) 64x64, batch 8"
-    return image_workload("mobilenet", description, _mobilenet(), mobilenet_jax, (8, 3, 64, 64))
+    return image_workload("mobilenet", description, _mobilenet(), mobilenet_jax, MOBILENET_IMAGES)
 
 
 def frozen_calls(model: nn.Module, jax_forward: Callable[..., jax.Array], *inputs: torch.Tensor) -> dict[str, Call]:
@@ -151,9 +163,8 @@ def mlp_frozen_workload() -> Workload:
 
 
 def cnn_frozen_workload() -> Workload:
-    images = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     return Workload(
-        "cnn_frozen", "ResNet-style CNN, parameters frozen", frozen_calls(_resnet(), resnet_jax, images)
+        "cnn_frozen", "ResNet-style CNN, parameters frozen", frozen_calls(_resnet(), resnet_jax, random_images(CNN_IMAGES))
     )
 
 

@@ -230,6 +230,20 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
 
 
+def git(*args: str) -> str:
+    """``git args`` in this checkout; "" where git or the history is missing."""
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def head_commit() -> str:
+    """The commit measured. A copy of the tree without git history (the device
+    machine's) is told it in ``BENCHMARK_COMMIT`` by whoever runs it there."""
+    return git("rev-parse", "HEAD") or os.environ.get("BENCHMARK_COMMIT", "unknown")
+
+
 def environment() -> dict:
     """Versions and the tpu_inductor commit the sweep ran against."""
     from importlib import metadata
@@ -242,19 +256,13 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "torch": torch.__version__,
         "torch_mlir": version("torch-mlir"),
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),
-        "tpu_inductor_commit": git("rev-parse", "HEAD"),
+        "tpu_inductor_commit": head_commit(),
         "tpu_inductor_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "cpus": os.cpu_count(),
     }
