@@ -308,6 +308,17 @@ def test_cli_report_runs_a_script_and_doctor_describes_the_machine(tmp_path, cap
     assert list(info["versions"]) == list(versions.COMPONENTS)
     assert set(versions.key_versions()) == set(versions.COMPONENTS) | {"tpu_inductor source"}
     assert info["cache"]["location"] == str(tmp_path / "cache")
+    assert info["notes"] == []  # constraints.txt pins ml_dtypes below 0.7
+
+
+def test_doctor_names_a_slow_ml_dtypes(monkeypatch):
+    from tpu_inductor import cli
+
+    monkeypatch.setattr(cli, "installed", lambda dist: "0.7.0" if dist == "ml_dtypes" else None)
+    (note,) = cli._startup_notes()
+    assert "ml_dtypes 0.7.0" in note and "pip install 'ml_dtypes<0.7'" in note
+    monkeypatch.setattr(cli, "installed", lambda dist: "0.6.0")
+    assert cli._startup_notes() == []
 
 
 def test_cli_starts_without_importing_torch():

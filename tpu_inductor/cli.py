@@ -189,6 +189,15 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_report)
 
 
+def _startup_notes() -> list[str]:
+    """What makes every process that starts the backend slower than it need be."""
+    ml_dtypes = installed("ml_dtypes")
+    if ml_dtypes and tuple(int(p) for p in ml_dtypes.split(".")[:2] if p.isdigit()) >= (0, 7):
+        return [f"ml_dtypes {ml_dtypes} takes 0.4-0.6 s to import (jax imports it in every process); "
+                "pip install 'ml_dtypes<0.7' (0.6.0: 5 ms)"]
+    return []
+
+
 def _doctor(args: argparse.Namespace) -> int:
     """What this machine offers the backend; each probe reports instead of failing."""
     import platform as host
@@ -196,6 +205,7 @@ def _doctor(args: argparse.Namespace) -> int:
     info: dict = {"python": sys.version.split()[0], "machine": f"{host.system()} {host.machine()}"}
     versions = {dist: installed(dist) for dist in COMPONENTS}
     info["versions"] = versions
+    info["notes"] = _startup_notes()
 
     config = _config(args)
     cache = CacheDir.of(config)
@@ -254,6 +264,8 @@ def _doctor(args: argparse.Namespace) -> int:
         else:
             print(f"platform {name:4} unavailable ({found['plugin']}): {found['why']}")
     print(f"default:      {info['default_platform']}")
+    for note in info["notes"]:
+        print(f"note:         {note}")
     cache_info = info["cache"]
     print(
         f"cache:        {cache_info['location']} ({'on' if cache_info['enabled'] else 'off'}; "
