@@ -97,3 +97,40 @@ def test_generate_through_transformers_own_compile_config():
         assert torch.equal(tpu(ids, mask, 8), eager(ids, mask, 8))
     assert report.current().graphs and report.current().fallbacks() == []
     assert all(d.eager_calls == 0 for d in report.current().dynamic_graphs)
+
+
+def test_a_static_cache_crosses_to_the_device_once_per_generate(monkeypatch):
+    """On a client that keeps device copies (``zero_copy=False``, a TPU's path),
+    each decode step writes its new key/value rows into the cache on the host
+    and into its device copy (passes/input_writes_in_place.py,
+    runtime/resident_writes.py): the cache is uploaded at the prefill and the
+    first decode step, not once per token (before, every step uploaded and
+    downloaded all of it). The cache is preallocated at one length, as a
+    server keeps it, so the decode step is one static graph."""
+    from transformers import StaticCache
+
+    from tpu_inductor.runtime import transfer
+
+    monkeypatch.setenv("TPU_INDUCTOR_ZERO_COPY", "0")
+    uploads: list[tuple[int, ...]] = []
+    upload = transfer.upload
+    monkeypatch.setattr(transfer, "upload", lambda t, device: (uploads.append(tuple(t.shape)), upload(t, device))[1])
+    models = {backend: Generator("llama", "dynamic", backend).model for backend in (None, "tpu")}
+
+    def generate(model, length: int):
+        ids, mask = prompt(length)
+        cache = StaticCache(config=model.config, max_cache_len=48)
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=NEW_TOKENS,
+                                  min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+
+    layers = models["tpu"].config.num_hidden_layers
+    cache_shape = (1, models["tpu"].config.num_key_value_heads, 48, models["tpu"].config.head_dim)
+    for length in (7, 12):
+        want = generate(models[None], length)
+        uploads.clear()
+        assert torch.equal(generate(models["tpu"], length), want)
+        # keys and values of each layer, at the prefill and at the first decode step
+        assert 0 < uploads.count(cache_shape) <= 2 * 2 * layers, uploads
+    decode = [g for g in report.current().graphs if g.inputs_written_in_place]
+    assert decode and all(g.inputs_written_in_place == 2 * layers for g in decode)

@@ -38,6 +38,7 @@ import torch.fx
 
 from tpu_inductor import report, torch_api
 from tpu_inductor.torch_api import BypassAOTAutogradCache, OutputCode, SerializableAOTDispatchCompiler
+from tpu_inductor.passes.input_writes_in_place import InputWrites
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.versions import versions_digest
@@ -45,9 +46,11 @@ from tpu_inductor.runtime.persisted_dict import PersistedDict
 
 log = logging.getLogger(__name__)
 
-CompileAten = Callable[[torch.fx.GraphModule, Sequence[Any], str, tuple[int, ...]], "CompiledAten"]
+CompileAten = Callable[
+    [torch.fx.GraphModule, Sequence[Any], str, tuple[int, ...], Optional[InputWrites]], "CompiledAten"
+]
 """The backend's compile for one Dynamo graph: (ATen graph, example inputs,
-kind, positions of parameter inputs) -> :class:`CompiledAten`."""
+kind, positions of parameter inputs, outputs copied back into inputs) -> :class:`CompiledAten`."""
 
 _AOT_CACHE_LOGGER = "torch._functorch._aot_autograd.autograd_cache"
 
@@ -63,11 +66,13 @@ class CompiledAten(OutputCode):
         parameters: tuple[int, ...],
         compiled: Callable[[list[Any]], Any],
         options: Mapping[str, Any],
+        input_writes: Optional[InputWrites] = None,
     ) -> None:
         super().__init__()
         self._boxed_call = True  # an instance attribute: functools.wraps copies it
         self.kind = kind
         self.parameters = parameters
+        self.input_writes = input_writes
         self.options = dict(options)
         self._graph: Optional[torch.fx.GraphModule] = graph
         self.compiled: Optional[Callable[[list[Any]], Any]] = compiled  # None in the pickled copy
@@ -104,7 +109,7 @@ class CompiledAten(OutputCode):
         graph.recompile()
         # Not example_inputs: for a backward PyTorch passes the forward's.
         inputs = [node.meta.get("val") for node in graph.graph.find_nodes(op="placeholder")]
-        fresh = compile_aten(graph, inputs, self.kind, self.parameters)
+        fresh = compile_aten(graph, inputs, self.kind, self.parameters, self.input_writes)
         self._graph, self.compiled = fresh._graph, fresh.compiled
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:

@@ -25,6 +25,7 @@ from tpu_inductor.errors import TpuInductorError
 from tpu_inductor.lowering.pipelines import start_worker
 from tpu_inductor.decompositions.table import decomposition_table
 from tpu_inductor.analysis.in_place_updates import in_place_update_reason
+from tpu_inductor.passes.input_writes_in_place import InputWrites
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.reporting import hooks
@@ -142,16 +143,19 @@ def _compile_aten(
     example_inputs: Sequence[Any],
     kind: str,
     parameters: Optional[tuple[int, ...]] = None,
+    input_writes: Optional[InputWrites] = None,
     *,
     context: CompileContext,
     trace: Optional[report.TraceRecord] = None,
     options: Mapping[str, Any],
 ) -> aot_cache.CompiledAten:
     """One ATen graph through the backend. ``parameters``: positions of the
-    parameter inputs, read from AOTAutograd's metadata unless given (a graph
+    parameter inputs, and ``input_writes``: the outputs AOTAutograd copies back
+    into inputs, both read from AOTAutograd's metadata unless given (a graph
     from the traced cache brings its own)."""
     if parameters is None:
         parameters = parameter_inputs()
+        input_writes = InputWrites.of_current_trace()
     # A backward graph may compile at the first backward call (unless the
     # traced level compiles it with the forward), after Dynamo's trace is
     # over: the trace record travels with the compiler.
@@ -160,7 +164,7 @@ def _compile_aten(
         # the eager fallback a half-rewritten graph.
         as_traced = runnable_copy(gm)
         try:
-            compiled = compile_graph(gm, example_inputs, kind, context, as_traced, parameters)
+            compiled = compile_graph(gm, example_inputs, kind, context, as_traced, parameters, input_writes)
         except TpuInductorError:  # strict mode, config, budget: raised on purpose
             raise
         except Exception as exc:  # a failure no retry caught must not fail the user's call
@@ -177,7 +181,7 @@ def _compile_aten(
                 runnable_copy(as_traced), kind, f"the backend failed on this graph: {type(exc).__name__}: {exc}"
             )
     hooks.on_graph_compiled()
-    return aot_cache.CompiledAten(kind, as_traced, parameters, compiled, options)
+    return aot_cache.CompiledAten(kind, as_traced, parameters, compiled, options, input_writes)
 
 
 def compile_without_dynamo(options: Mapping[str, Any]) -> aot_cache.CompileAten:
@@ -185,9 +189,11 @@ def compile_without_dynamo(options: Mapping[str, Any]) -> aot_cache.CompileAten:
     hands back without calling the backend (Dynamo is skipped): a context
     made from the options the graphs were compiled with."""
 
-    def compile_aten(gm, example_inputs, kind, parameters=None):
+    def compile_aten(gm, example_inputs, kind, parameters=None, input_writes=None):
         context = CompileContext.create(Config.load(options), example_inputs)
         trace = report.record_trace({}, "loaded from PyTorch's precompile cache")
-        return _compile_aten(gm, example_inputs, kind, parameters, context=context, trace=trace, options=options)
+        return _compile_aten(
+            gm, example_inputs, kind, parameters, input_writes, context=context, trace=trace, options=options
+        )
 
     return compile_aten

@@ -31,6 +31,7 @@ from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
+from tpu_inductor.passes.input_writes_in_place import DEVICE_COPY, WRITES_INPUT, InputWrites
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands
@@ -47,7 +48,8 @@ from tpu_inductor.runtime import (
     select_platform,
 )
 from tpu_inductor.runtime.disk_cache import CacheDir
-from tpu_inductor.runtime.executable import TensorSpec
+from tpu_inductor.runtime.executable import TensorSpec, resident_buffers
+from tpu_inductor.runtime.resident_writes import keeping_device_copy
 from tpu_inductor.runtime.mesh import Mesh, Spec, mesh_over
 from tpu_inductor.runtime.sharded import ShardedExecutable
 from tpu_inductor.runtime.threads import eager_workers_compete
@@ -243,16 +245,20 @@ def compile_graph(
     context: CompileContext,
     as_traced: Optional[torch.fx.GraphModule] = None,
     parameters: Sequence[int] = (),
+    input_writes: Optional[InputWrites] = None,
 ):
     """The AOTAutograd compiler entry: a boxed callable for ``gm``.
     ``as_traced``: an untouched copy of ``gm``, when the caller keeps one;
-    ``parameters``: positions of the parameter inputs (:func:`parameter_inputs`)."""
+    ``parameters``: positions of the parameter inputs (:func:`parameter_inputs`);
+    ``input_writes``: the outputs AOTAutograd copies back into inputs (an
+    inference graph's, passes/input_writes_in_place.py)."""
     if has_symbolic_inputs(example_inputs):
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
         return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters)
     freeze = kind == "inference" and context.config.freeze_parameters
-    return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze))
+    writes = input_writes if kind == "inference" else None
+    return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze, input_writes=writes))
 
 
 def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:
@@ -285,12 +291,14 @@ def build_compiled_graph(
     parameters: Sequence[int] = (),
     *,
     freeze: bool = False,
+    input_writes: Optional[InputWrites] = None,
 ) -> torch.fx.GraphModule:
     """The static path of the pipeline (pipeline.py): stages, placement, one
     executable per island. ``parameters``: positions of the parameter inputs
     (replicated on a mesh); ``freeze``: their parameter-only computation may
-    be kept between calls (``freeze_parameters``)."""
-    gm = run_stages(gm, GraphFacts.of(context, symbolic=False))
+    be kept between calls (``freeze_parameters``); ``input_writes``: see
+    :func:`compile_graph`."""
+    gm = run_stages(gm, GraphFacts.of(context, symbolic=False, input_writes=input_writes))
     record = _graph_record(gm, kind)
     probe = functools.partial(_probe_lowers, context=context)
     support = graph_support(gm, context, probe)
@@ -319,11 +327,23 @@ def build_compiled_graph(
             runners[island.name].record.results_kept = True
             run = ReusedResults(run).run
         devices[island.name] = run
+    record.inputs_written_in_place = sum(1 for node in gm.graph.nodes if node.meta.get(WRITES_INPUT))
+    if record.inputs_written_in_place:
+        _keep_device_copies(gm, context.platform)
     fused = fuse_islands(gm, plan, devices, context.releases_eager_workers)
     fused.meta[_RECORD_KEY] = record  # execution counts
     if SEED_META in gm.meta:
         fused.meta[SEED_META] = gm.meta[SEED_META]
     return fused
+
+
+def _keep_device_copies(gm: torch.fx.GraphModule, platform: Platform) -> None:
+    """The graph's in-place input writes that got the device's new value
+    (passes/input_writes_in_place.py) keep it as the input's device copy
+    (runtime/resident_writes.py)."""
+    for node in gm.graph.nodes:
+        if DEVICE_COPY in node.kwargs:
+            node.target = keeping_device_copy(node.target, resident_buffers(platform))
 
 
 def compile_module(
@@ -334,6 +354,7 @@ def compile_module(
     name: str,
     layout: Optional[MeshLayout] = None,
     shardings: Sequence[Spec] = (),
+    device_only: frozenset[int] = frozenset(),
 ) -> tuple[DeviceExecutable, Any]:
     """One StableHLO module as an executable (from memory, disk or XLA), for
     one device or, with a ``layout`` and the inputs' ``shardings``, partitioned
@@ -355,7 +376,10 @@ def compile_module(
     name = f"{name} ({stats.key})"
     if mesh is not None:
         return ShardedExecutable(loaded, context.platform, mesh, input_specs, shardings, output_specs, name), stats
-    return DeviceExecutable(loaded, context.platform, output_specs, name=name, input_specs=input_specs), stats
+    executable = DeviceExecutable(
+        loaded, context.platform, output_specs, name=name, input_specs=input_specs, device_only=device_only
+    )
+    return executable, stats
 
 
 def parameter_placeholders(gm: torch.fx.GraphModule, kind: str, parameters: Sequence[int]) -> list[torch.fx.Node]:
@@ -403,7 +427,8 @@ def _compile_island(
         layout.input_shardings(tensor_inputs(island), [s.shape for s in lowered.input_specs]) if layout else ()
     )
     executable, stats = compile_module(
-        lowered.module, lowered.input_specs, lowered.output_specs, context, island.name, layout, shardings
+        lowered.module, lowered.input_specs, lowered.output_specs, context, island.name, layout, shardings,
+        device_only=_device_copies_out(island),
     )
     island_record = compiled_island_record(
         island.name, len(island.nodes), executable, stats, lower_stats.seconds, lower_stats.source,
@@ -411,6 +436,18 @@ def _compile_island(
     )
     hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
     return executable, island_record
+
+
+def _device_copies_out(island: Island) -> frozenset[int]:
+    """The island's results that only become device copies of written inputs
+    (passes/input_writes_in_place.py): handed on as device buffers, not fetched."""
+    inside = set(island.nodes)
+
+    def only_a_device_copy(node: torch.fx.Node) -> bool:
+        readers = [user for user in node.users if user not in inside]
+        return bool(readers) and all(r.kwargs.get(DEVICE_COPY) is node and node not in r.args for r in readers)
+
+    return frozenset(index for index, node in enumerate(island.outputs) if only_a_device_copy(node))
 
 
 def compiled_island_record(

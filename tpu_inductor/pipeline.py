@@ -36,6 +36,7 @@ from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.depthwise_convolutions_as_taps import depthwise_convolutions_as_taps
 from tpu_inductor.passes.device_random import device_random
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
+from tpu_inductor.passes.input_writes_in_place import InputWrites, input_writes_in_place
 from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.placement.partition import Island, PartitionPlan, propose_islands
@@ -60,12 +61,23 @@ class GraphFacts:
     """Which symbols padding may change (symbolic graphs; set by ``padding_safety``)."""
     real_lengths: Optional[RealLengths] = None
     """The graph's ``valid_<size>`` inputs: real sizes the padded graph reads at run time."""
+    input_writes: Optional[InputWrites] = None
+    """Which outputs are inputs' new values, for AOTAutograd to copy back (inference graphs)."""
+    keeps_device_copies: bool = False
+    """The client keeps device copies of torch's inputs (a TPU, ``zero_copy=False``; one device)."""
 
     @classmethod
-    def of(cls, context: Any, *, symbolic: bool) -> "GraphFacts":
+    def of(cls, context: Any, *, symbolic: bool, input_writes: Optional[InputWrites] = None) -> "GraphFacts":
         """The facts a graph compiled under ``context`` (a ``CompileContext``) starts with."""
-        return cls(symbolic=symbolic, platform=context.platform.name,
-                   fallback_random=context.config.fallback_random)
+        platform = context.platform
+        return cls(
+            symbolic=symbolic,
+            platform=platform.name,
+            fallback_random=context.config.fallback_random,
+            input_writes=input_writes,
+            keeps_device_copies=not (platform.shares_host_memory or platform.shares_cuda_memory)
+            and context.mesh is None,
+        )
 
     @property
     def real_length_exprs(self) -> list[sympy.Expr]:
@@ -84,6 +96,10 @@ class Stage:
     run: Callable[[torch.fx.GraphModule, GraphFacts], torch.fx.GraphModule]
     skip: Callable[[GraphFacts], Optional[str]] = lambda facts: None
     """The stated reason this graph skips the stage, or None to run it."""
+
+
+def _input_writes(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return input_writes_in_place(gm, facts.input_writes, facts.keeps_device_copies)
 
 
 def _rewrites(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
@@ -138,6 +154,10 @@ def _only_symbolic(why: str) -> Callable[[GraphFacts], Optional[str]]:
     return lambda facts: None if facts.symbolic else why
 
 
+def _only_static(why: str) -> Callable[[GraphFacts], Optional[str]]:
+    return lambda facts: why if facts.symbolic else None
+
+
 def _static_cpu(why_cpu: str) -> Callable[[GraphFacts], Optional[str]]:
     """Run on static graphs for the CPU client only: ``why_cpu`` says why other platforms skip."""
 
@@ -152,6 +172,14 @@ def _static_cpu(why_cpu: str) -> Callable[[GraphFacts], Optional[str]]:
 
 
 STAGES: tuple[Stage, ...] = (
+    # First, while the graph's placeholders are AOTAutograd's (device_random
+    # appends one); the functional write it leaves for the device's readers
+    # goes through every later stage.
+    Stage(
+        "input_writes_in_place",
+        _input_writes,
+        _only_static("a padded graph's writes are rewritten for its padding (padded_positions)"),
+    ),
     # Correctness rewrites and cleanup (passes.PIPELINE), first: every later
     # stage, and attention's own traced decompositions, see their result.
     Stage("rewrites", _rewrites),

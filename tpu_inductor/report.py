@@ -113,6 +113,9 @@ class GraphRecord:
     """The :class:`TraceRecord` (Dynamo graph) this ATen graph came from."""
     executions: int = 0
     """Calls of the compiled graph."""
+    inputs_written_in_place: int = 0
+    """Graph inputs (a static KV cache) written in place with the rows the device
+    computed, instead of a whole new value copied back (passes/input_writes_in_place.py)."""
 
 
 @dataclasses.dataclass

@@ -92,6 +92,31 @@ def static_input_indices() -> Optional[tuple[int, ...]]:
     return tuple(tracing.fw_metadata.static_input_indices)
 
 
+def inputs_written_in_place() -> Optional[tuple[int, tuple[tuple[int, int], ...]]]:
+    """The number of graph inputs AOTAutograd traced, and ``(output position,
+    input position)`` of each input whose new value the graph returns for
+    AOTAutograd to copy back into it (mutated inputs' new values come first,
+    in input order), where the input is written in its data alone and does
+    not require grad; None outside a compile or where the metadata does not
+    say it plainly."""
+    tracing = torch._guards.TracingContext.try_get()
+    meta = getattr(tracing, "fw_metadata", None)
+    if meta is None:
+        return None
+    try:
+        mutated = list(meta.mutated_inp_runtime_indices)
+        info = meta.input_info
+        written = []
+        for position, index in enumerate(mutated):
+            entry = info[index]
+            if entry.mutates_data and not entry.mutates_metadata and not entry.requires_grad \
+                    and not entry.mutates_storage_metadata:
+                written.append((position, index))
+        return len(info), tuple(written)
+    except (AttributeError, IndexError):  # another torch's metadata: nothing written in place
+        return None
+
+
 def traced_frame_and_compile_id() -> tuple[Optional[str], Optional[str]]:
     """The function Dynamo is tracing and its ``frame/recompile`` id; None for
     either where this torch's internals do not say."""

@@ -95,6 +95,8 @@ class Island:
     """The graph the nodes belong to (to cut smaller pieces out of it)."""
     inputs: tuple[torch.fx.Node, ...] = ()
     """The owner graph's nodes the island reads, in the order of its placeholders."""
+    outputs: tuple[torch.fx.Node, ...] = ()
+    """The owner graph's nodes the island returns, in the order of its results."""
     collective: bool = False
     """One functional collective, run in XLA over every rank (runtime/collectives.py)."""
     frozen: bool = False
@@ -131,11 +133,14 @@ def propose_islands(gm: torch.fx.GraphModule, placement: Placement) -> Partition
     for index, partition in enumerate(partitions):
         nodes = topo_sort(list(partition.nodes))
         name = f"{ISLAND_PREFIX}{index}"
-        sub_gm, inputs, _ = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
+        sub_gm, inputs, outputs = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
         frozen = all(placement.frozen(n) for n in nodes)
         collective = any(placement.collective(n) for n in nodes)
         islands.append(
-            Island(name=name, nodes=nodes, graph=sub_gm, owner=gm, inputs=inputs, frozen=frozen, collective=collective)
+            Island(
+                name=name, nodes=nodes, graph=sub_gm, owner=gm, inputs=inputs, outputs=tuple(outputs),
+                frozen=frozen, collective=collective,
+            )
         )
     return PartitionPlan(islands=islands, partitions=partitions, placement=placement)
 

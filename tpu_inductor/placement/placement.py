@@ -14,6 +14,9 @@ and ``eager_kernels`` come only from this module, each with its
 
 The sources, in the order they win (the first that says eager decides):
 
+0. ``input written in place``: the in-place write of a graph input that
+   passes/input_writes_in_place.py made of AOTAutograd's copy-back (eager
+   by construction: it writes torch's tensor);
 1. ``reads eager's layout``: an ``as_strided`` left by its rewrite and the
    views up to its storage owner (passes/as_strided_as_gather.py);
 2. ``host constant``: a 0-d compile-time constant that feeds a comparison,
@@ -48,6 +51,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
+from tpu_inductor.passes.input_writes_in_place import WRITES_INPUT
 
 if TYPE_CHECKING:
     from tpu_inductor import report
@@ -71,7 +75,7 @@ FALLBACKS = (
 """Eager because the device cannot (or may not) run it: the report's ``fallbacks``."""
 CHOICES = ("chosen by measurement", "in-place update graph")
 """Eager on purpose, though it would lower: the report's ``eager_kernels``."""
-BOOKKEEPING = ("host constant", "collective done")
+BOOKKEEPING = ("host constant", "collective done", "input written in place")
 """Eager, feeding the device; neither a fallback nor a choice."""
 WHYS = ON_DEVICE + FALLBACKS + CHOICES + BOOKKEEPING
 
@@ -95,6 +99,9 @@ LOWERS = Decision("lowers")
 PARAMETER_ONLY = Decision("parameter-only", "computed from parameters alone; its results are kept")
 COLLECTIVE = Decision("collective", "runs in XLA over every rank's device (PJRT's distributed runtime)")
 COLLECTIVE_DONE = Decision("collective done", "the collective it waits for ran in XLA: nothing to wait for")
+INPUT_WRITTEN = Decision(
+    "input written in place", "only the rows it writes come from the device (passes/input_writes_in_place.py)"
+)
 
 
 @dataclasses.dataclass
@@ -138,7 +145,9 @@ def place(
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node in layout_bound:
+        if node.meta.get(WRITES_INPUT):
+            decision = INPUT_WRITTEN
+        elif node in layout_bound:
             decision = Decision("reads eager's layout", layout_bound[node])
         elif node in hazards:
             decision = Decision("host constant", hazards[node])

@@ -166,6 +166,7 @@ def summarize(report: record.Report) -> str:
             f"{len(g.fallbacks)} eager"
             + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
             + _kept(g)
+            + (f", {_plural(g.inputs_written_in_place, 'input')} written in place" if g.inputs_written_in_place else "")
             + _on_mesh(g)
             + f", run {g.executions}x"
             for g in report.graphs

@@ -69,10 +69,14 @@ class DeviceExecutable:
         output_specs: Sequence[TensorSpec],
         name: str,
         input_specs: Sequence[TensorSpec] = (),
+        device_only: frozenset[int] = frozenset(),
     ) -> None:
         self._loaded = loaded
         self._platform = platform
         self._output_specs = tuple(output_specs)
+        self._device_only = device_only
+        """Outputs handed on as device buffers, never fetched: the new value of an
+        input whose device copy is kept (runtime/resident_writes.py)."""
         self.input_specs = tuple(input_specs)
         """Shapes and dtypes the executable was compiled for."""
         # Looked up once: the per-call path only passes it along.
@@ -94,7 +98,8 @@ class DeviceExecutable:
         buffers = [transfer.to_device(t, platform, resident) for t in tensors]
         # execute_sharded directly: LoadedExecutable.execute is a Python shim over it.
         results = self._loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
-        outputs = [transfer.to_torch(r[0], platform) for r in results]
+        device_only = self._device_only
+        outputs = [r[0] if i in device_only else transfer.to_torch(r[0], platform) for i, r in enumerate(results)]
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
@@ -111,7 +116,10 @@ class DeviceExecutable:
         """A wrong dtype or shape is a wrong number: refuse it, once per executable."""
         from tpu_inductor.errors import OutputMismatchError
 
-        got = [TensorSpec(tuple(o.shape), o.dtype) for o in outputs]
+        got = [
+            self._output_specs[i] if i in self._device_only else TensorSpec(tuple(o.shape), o.dtype)
+            for i, o in enumerate(outputs)
+        ]
         if got != list(self._output_specs):
             raise OutputMismatchError(
                 f"{self.name}: the device returned {got} but the graph promises "

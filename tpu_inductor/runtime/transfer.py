@@ -16,7 +16,9 @@ Where memory is not shared (a TPU, or any client with ``zero_copy=False``),
 tensors are uploaded, and :class:`ResidentBuffers` keeps the device copy of
 each tensor for as long as the tensor is alive and unchanged: parameters and
 buffers cross once, and again only after an in-place update (an optimizer
-step, BatchNorm's running stats) bumps their version counter.
+step, BatchNorm's running stats) bumps their version counter, unless the
+update was a graph's write whose new value the device computed and kept
+(runtime/resident_writes.py: a KV cache crosses once, not every step).
 """
 
 from __future__ import annotations
@@ -67,6 +69,22 @@ class ResidentBuffers:
         )
         return buffer
 
+    def written(self, tensor: torch.Tensor, version_before: int, buffer: Any, bumps_after: int = 0) -> bool:
+        """``tensor`` was just written in place (its version was ``version_before``)
+        and ``buffer`` holds its new value on the device: where the device copy was
+        current before the write, ``buffer`` becomes the copy, instead of an upload
+        of the whole tensor at the next call. ``bumps_after``: version bumps the
+        caller knows follow before the next read (AOTAutograd's copy of a returned
+        input into itself, a no-op that counts). Returns whether it was kept."""
+        key = id(tensor)
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        ref, seen_version, seen_ptr, _ = entry
+        if ref() is not tensor or seen_version != version_before or seen_ptr != tensor.data_ptr():
+            return False  # stale before this write: the next call uploads it anyway
+        self._entries[key] = (ref, tensor._version + bumps_after, seen_ptr, buffer)
+        return True
 
     def _forget(self, key: int) -> None:
         """The tensor died: its id may be reused, so drop its entry and count."""

@@ -1,0 +1,133 @@
+"""An input the graph writes in place (a static KV cache) gets only its new rows.
+
+passes/input_writes_in_place.py turns AOTAutograd's copy-back of a written
+input into the in-place write itself, after the islands; on a client that
+keeps device copies (``zero_copy=False``, a TPU's path) the device copy gets
+the same rows (runtime/resident_writes.py). What could go wrong, and is
+checked here against eager step by step: a write that lands before a read
+of the old value, a functional write mistaken for a mutation, a device copy
+that misses a write (every later step would read stale rows).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpu_inductor.report as report
+from tpu_inductor.runtime.executable import resident_buffers
+from tpu_inductor.runtime.platform import get_platform
+
+STEPS = 5
+SHAPE = (2, 4, 1024, 8)
+"""256 KiB: above the size where sharing memory makes the copy-back cheaper (SHARED_MEMORY_MIN_BYTES)."""
+ROWS = (2, 4, 2, 8)
+
+
+class Cache(torch.nn.Module):
+    """A KV-cache-like buffer written at ``positions`` each call, then read whole."""
+
+    def __init__(self, write: str = "index_copy", shape: tuple[int, ...] = SHAPE) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(shape))
+        self.weight = torch.nn.Parameter(torch.randn(shape[-1], shape[-1]))
+        self.write = write
+
+    def forward(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if self.write == "index_copy":
+            self.cache.index_copy_(2, positions, rows)
+        else:
+            self.cache[:, :, positions] = rows
+        return (self.cache @ self.weight).softmax(-1).sum(-2)
+
+
+def _steps(model: torch.nn.Module, compiled, generator_seed: int = 0):
+    """Yield (compiled result, eager result, compiled model's cache, eager model's cache) per step."""
+    eager = Cache(model.write, tuple(model.cache.shape))
+    eager.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(generator_seed)
+    for step in range(STEPS):
+        positions = torch.tensor([step, step + 3])
+        rows = torch.randn(ROWS, generator=generator)
+        with torch.no_grad():
+            yield compiled(positions, rows), eager(positions, rows), model.cache, eager.cache
+
+
+@pytest.mark.parametrize("write", ["index_copy", "index_put"])
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "copies"])
+def test_a_cache_written_each_call_matches_eager_and_crosses_once(write, zero_copy):
+    torch.manual_seed(0)
+    model = Cache(write)
+    compiled = torch.compile(model, backend="tpu", options={"cache": False, "zero_copy": zero_copy, "strict": True})
+    for got, want, cache, eager_cache in _steps(model, compiled):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        # The step's rows are in torch's own tensor, exactly: they were written, not computed.
+        assert torch.equal(cache, eager_cache)
+    graph = report.current().graphs[-1]
+    assert graph.fallbacks == [] and len(graph.islands) == 1
+    assert graph.inputs_written_in_place == 1
+    assert "1 input written in place" in str(report.current())
+    if not zero_copy:
+        # Uploaded at the first call; every later call wrote its rows into the device copy.
+        uploads = resident_buffers(get_platform("cpu", zero_copy=False)).uploads[id(model.cache)]
+        assert uploads == 1
+
+
+def test_a_functional_write_leaves_the_input_alone():
+    """``index_copy`` (not ``_``) returns a new tensor: nothing may be written in place."""
+
+    def f(cache, positions, rows):
+        return cache.index_copy(2, positions, rows) * 2
+
+    cache = torch.zeros(SHAPE)
+    positions, rows = torch.tensor([1, 4]), torch.randn(ROWS)
+    got = torch.compile(f, backend="tpu", options={"cache": False})(cache, positions, rows)
+    torch.testing.assert_close(got, f(cache, positions, rows))
+    assert not cache.any()
+    assert report.current().graphs[-1].inputs_written_in_place == 0
+
+
+def test_the_old_value_is_read_before_the_write():
+    """A result read from the input before the write must see the old rows,
+    on the device or in eager (``i0`` does not lower: it reads in eager)."""
+
+    def f(cache, positions, rows):
+        before = torch.special.i0(cache[:, :, :2]) + cache.sum()
+        cache.index_copy_(2, positions, rows)
+        return before, cache.sum(-1)
+
+    start = torch.randn(SHAPE)
+    positions, rows = torch.tensor([0, 1]), torch.randn(ROWS)
+    mine, theirs = start.clone(), start.clone()
+    got = torch.compile(f, backend="tpu", options={"cache": False})(mine, positions, rows)
+    want = f(theirs, positions, rows)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(mine, theirs)
+    assert report.current().graphs[-1].inputs_written_in_place == 1
+
+
+def test_repeated_indices_are_not_written_to_the_device_copy():
+    """With a repeated index the host and the device could keep different rows:
+    the device copy is dropped and uploaded again, and results follow the host."""
+    torch.manual_seed(0)
+    model = Cache()
+    compiled = torch.compile(model, backend="tpu", options={"cache": False, "zero_copy": False})
+    rows = torch.randn(ROWS)
+    with torch.no_grad():
+        compiled(torch.tensor([1, 2]), rows)
+        compiled(torch.tensor([5, 5]), rows)
+        got = compiled(torch.tensor([0, 3]), rows)
+        expected = (model.cache @ model.weight).softmax(-1).sum(-2)
+    torch.testing.assert_close(got, expected)
+    assert resident_buffers(get_platform("cpu", zero_copy=False)).uploads[id(model.cache)] == 2
+
+
+def test_a_small_input_sharing_memory_keeps_the_copy_back():
+    """On the CPU client (memory shared with torch) copying a few KiB back
+    costs less than an eager write: nothing is rewritten; results as eager's."""
+    torch.manual_seed(0)
+    model = Cache(shape=(2, 3, 8, 4))
+    compiled = torch.compile(model, backend="tpu", options={"cache": False})
+    with torch.no_grad():
+        compiled(torch.tensor([1, 2]), torch.randn(2, 3, 2, 4))
+    assert report.current().graphs[-1].inputs_written_in_place == 0

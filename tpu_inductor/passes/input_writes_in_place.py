@@ -1,0 +1,132 @@
+"""Write an updated graph input in place with the rows it gets, instead of returning all of it.
+
+Why: AOTAutograd functionalises an in-place update of a graph input into a
+functional op whose whole result the graph returns, and then copies that
+result back into the input. transformers' static KV cache does
+``keys.index_copy_(2, cache_position, new_keys)`` in every layer at every
+decode step, so each step XLA wrote a whole new cache, the result crossed to
+torch, and ``copy_`` wrote the whole cache again; on a client that does not
+share host memory with torch (a TPU, ``zero_copy=False``) the whole cache was
+downloaded every step. Inductor avoids this by keeping the mutation in its
+graph; here the write-back becomes the in-place op itself, run eagerly after
+the islands, so only what it writes (the new rows and their positions) comes
+from the device. The graph then returns the input itself, and AOTAutograd's
+copy-back is ``x.copy_(x)``, which PyTorch skips. Where the client keeps a
+device copy of the input, the write also gets the new value the device
+computed and keeps it as that copy (runtime/resident_writes.py), so the
+input is not uploaded again at the next call either.
+
+Before: ``%new = index_copy(%cache, 2, %pos, %rows)``, returned as the cache's
+new value (and read by attention on the device);
+after: ``%w = index_copy_(%cache, 2, %pos, %rows)`` before the output, eager,
+returned in its place; attention still reads ``%new`` on the device.
+
+Only where AOTAutograd says the input is written in its data alone and does
+not require grad (``torch_api.inputs_written_in_place``), and its new value is
+one functional ``index_copy`` or ``index_put`` of the input as it came in.
+The write is the graph's last node, so every read of the old value (on the
+device or in eager) has run before it. Static graphs only: a padded
+(symbolic) graph's writes are rewritten for its padding first
+(passes/padded_positions.py) and keep the copy-back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+IN_PLACE_FORMS = {
+    aten.index_copy.default: aten.index_copy_.default,
+    aten.index_put.default: aten.index_put_.default,
+}
+"""A functional write and the in-place op that does it to its first argument."""
+
+WRITES_INPUT = "tpu_inductor_writes_input"
+"""Node meta key of an in-place write of a graph input (placed eager: placement.py)."""
+
+SHARED_MEMORY_MIN_BYTES = 128 * 1024
+"""Where torch and the device share memory, the copy-back of a smaller input
+costs less than an eager write: a 2-layer Llama's 6 KiB cache tensors decoded
+5% slower written in place, its 256 KiB ones 7% faster (median of paired
+rounds on 2 cores). Where the client keeps device copies, every size gains
+(the whole input crossed twice a call)."""
+
+DEVICE_COPY = "device_copy"
+"""The keyword through which a write gets the input's new value as the device
+computed it, on a client that keeps device copies of inputs: the graph calls
+runtime/resident_writes.py's write there (compiled_graph.py), and the island
+hands that value on without fetching it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputWrites:
+    """Which graph outputs are new values of inputs, as AOTAutograd traced the graph."""
+
+    num_inputs: int
+    """How many inputs AOTAutograd traced (a graph with others is left alone)."""
+    writes: tuple[tuple[int, int], ...]
+    """``(output position, input position)`` of each input written in its data alone."""
+
+    @classmethod
+    def of_current_trace(cls) -> Optional["InputWrites"]:
+        from tpu_inductor import torch_api
+
+        found = torch_api.inputs_written_in_place()
+        return cls(*found) if found is not None else None
+
+
+def input_writes_in_place(
+    gm: torch.fx.GraphModule, input_writes: Optional[InputWrites], device_copies: bool = False
+) -> torch.fx.GraphModule:
+    """``device_copies``: the client keeps device copies of inputs; each write
+    also gets the new value as the device computed it (:data:`DEVICE_COPY`).
+    Otherwise inputs under :data:`SHARED_MEMORY_MIN_BYTES` keep the copy-back."""
+    min_bytes = 0 if device_copies else SHARED_MEMORY_MIN_BYTES
+    if input_writes is None or not input_writes.writes:
+        return gm
+    graph = gm.graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    if len(placeholders) != input_writes.num_inputs:
+        return gm
+    output = graph.output_node()
+    results = list(output.args[0])
+    changed = False
+    for position, index in input_writes.writes:
+        value = results[position] if position < len(results) else None
+        target = placeholders[index]
+        if not _writes_into(value, target) or _bytes(target) < min_bytes:
+            continue
+        with graph.inserting_before(output):
+            kwargs = {**value.kwargs, DEVICE_COPY: value} if device_copies else value.kwargs
+            write = graph.call_function(IN_PLACE_FORMS[value.target], value.args, kwargs)
+        write.meta = {**value.meta, WRITES_INPUT: True}
+        results[position] = write
+        changed = True
+    if changed:
+        output.args = (type(output.args[0])(results),)
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return gm
+
+
+def _writes_into(value: object, target: torch.fx.Node) -> bool:
+    """``value`` is one functional write into ``target`` itself, of its shape and dtype."""
+    if not isinstance(value, torch.fx.Node) or value.target not in IN_PLACE_FORMS or value.args[0] is not target:
+        return False
+    new, old = value.meta.get("val"), target.meta.get("val")
+    return (
+        isinstance(new, torch.Tensor)
+        and isinstance(old, torch.Tensor)
+        and new.shape == old.shape
+        and new.dtype == old.dtype
+    )
+
+
+def _bytes(node: torch.fx.Node) -> int:
+    value = node.meta["val"]
+    return value.numel() * value.element_size()
