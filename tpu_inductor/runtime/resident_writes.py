@@ -14,8 +14,7 @@ once per token.
 The buffer is kept only where the device copy was current just before the
 host write (the device computed from what the host had), and where the host
 and the device cannot have written different values: indices without
-repeats (a write with a repeated index keeps one of the rows, and the two
-could keep different ones).
+repeats.
 """
 
 from __future__ import annotations
@@ -51,13 +50,13 @@ def keeping_device_copy(op: Any, resident: ResidentBuffers) -> Callable[..., tor
 
 
 def _no_repeats(op: Any, args: Sequence[Any]) -> bool:
-    """The write's positions are distinct (or it adds, which is order-free)."""
+    """The write's positions are distinct. Repeated ones would let the host and
+    the device differ: a plain write keeps one of the rows, an accumulating
+    one adds them in an order of its own (float sums round differently)."""
     if op is aten.index_copy_.default:
         index: Optional[torch.Tensor] = args[1]
     else:
-        indices, _values, *rest = args
-        if rest and rest[0]:
-            return True
+        indices = args[0]
         given = [i for i in indices if i is not None]
         # One integer index tensor; several broadcast together, or a mask, are not checked here.
         index = given[0] if len(given) == 1 and given[0].dtype != torch.bool else None
