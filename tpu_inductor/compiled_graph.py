@@ -341,9 +341,10 @@ def _keep_device_copies(gm: torch.fx.GraphModule, platform: Platform) -> None:
     """The graph's in-place input writes that got the device's new value
     (passes/input_writes_in_place.py) keep it as the input's device copy
     (runtime/resident_writes.py)."""
+    resident = resident_buffers(platform)
     for node in gm.graph.nodes:
         if DEVICE_COPY in node.kwargs:
-            node.target = keeping_device_copy(node.target, resident_buffers(platform))
+            node.target = keeping_device_copy(node.target, resident)
 
 
 def compile_module(

@@ -69,14 +69,13 @@ class GraphFacts:
     @classmethod
     def of(cls, context: Any, *, symbolic: bool, input_writes: Optional[InputWrites] = None) -> "GraphFacts":
         """The facts a graph compiled under ``context`` (a ``CompileContext``) starts with."""
-        platform = context.platform
         return cls(
             symbolic=symbolic,
-            platform=platform.name,
+            platform=context.platform.name,
             fallback_random=context.config.fallback_random,
             input_writes=input_writes,
-            keeps_device_copies=not (platform.shares_host_memory or platform.shares_cuda_memory)
-            and context.mesh is None,
+            # A mesh's executables take no device copies from the graph (runtime/sharded.py).
+            keeps_device_copies=context.platform.keeps_device_copies and context.mesh is None,
         )
 
     @property

@@ -49,6 +49,12 @@ class Platform:
         return self.name == "cuda" and self.zero_copy
 
     @property
+    def keeps_device_copies(self) -> bool:
+        """True when torch's tensors cross by copy and each keeps a device copy
+        while unchanged (runtime/transfer.py's ``ResidentBuffers``): a TPU, or ``zero_copy=False``."""
+        return not (self.shares_host_memory or self.shares_cuda_memory)
+
+    @property
     def device_kind(self) -> str:
         return str(self.device.device_kind)
 
