@@ -131,3 +131,49 @@ def test_a_small_input_sharing_memory_keeps_the_copy_back():
     with torch.no_grad():
         compiled(torch.tensor([1, 2]), torch.randn(2, 3, 2, 4))
     assert report.current().graphs[-1].inputs_written_in_place == 0
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "copies"])
+def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy):
+    """A cache whose length changes between calls (a static cache sized to each
+    prompt) is compiled with symbolic sizes and padded to a bucket: the write
+    must land in the caller's cache, not in the padded copy, and only after
+    every read of the old value. Step by step against eager, three lengths."""
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+
+    def step(cache, positions, rows):
+        cache.index_copy_(2, positions, rows)
+        return (cache @ weight).softmax(-1)
+
+    compiled = torch.compile(step, backend="tpu", options={"cache": False, "zero_copy": zero_copy, "strict": True})
+    generator = torch.Generator().manual_seed(1)
+    for length in (40, 50, 60):
+        cache, eager_cache = torch.zeros(2, 4, length, 8), torch.zeros(2, 4, length, 8)
+        for position in range(STEPS):
+            positions, rows = torch.tensor([position, position + 3]), torch.randn(ROWS, generator=generator)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(cache, positions, rows), step(eager_cache, positions, rows),
+                                           rtol=1e-5, atol=1e-6)
+            assert torch.equal(cache, eager_cache)
+    dynamic = report.current().dynamic_graphs[-1]
+    assert dynamic.padded and dynamic.device_calls == 2 * STEPS and dynamic.eager_calls == 0
+    assert report.current().graphs[-1].inputs_written_in_place == 1
+
+
+def test_size_functions_compute_what_sympy_substitutes():
+    """Sizes a padded graph works out at every call, as generated Python:
+    the same values as sympy's substitution, for each kind of size torch makes."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    from tpu_inductor.dynamic.size_functions import SizeFunction
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    exprs = [s0 + 1, 2 * s0, FloorDiv(s0, 3), PythonMod(s0, 3), sympy.Max(1, s0 - 7), s0 * s1 + 3, 40 - s1,
+             sympy.Integer(5)]
+    sizes = SizeFunction(exprs)
+    assert sizes._compiled is not None  # printed as Python, not substituted
+    for values in ({s0: 1, s1: 2}, {s0: 17, s1: 64}):
+        expected = tuple(int(e.xreplace({k: sympy.Integer(v) for k, v in values.items()})) for e in exprs)
+        assert sizes(values) == expected
+    assert SizeFunction([])({}) == ()

@@ -37,7 +37,6 @@ def test_static_and_symbolic_graphs_differ_only_by_the_stated_exclusions():
     every = {stage.name for stage in STAGES}
     assert every - set(stages_for(STATIC)) == {"padding_safety", "padded_positions", "hoist_sizes"}
     assert every - set(stages_for(SYMBOLIC)) == {
-        "input_writes_in_place",
         "small_convolutions_as_matmuls",
         "depthwise_convolutions_as_taps",
         "pointwise_convolutions_as_matmuls",

@@ -252,12 +252,12 @@ def compile_graph(
     ``parameters``: positions of the parameter inputs (:func:`parameter_inputs`);
     ``input_writes``: the outputs AOTAutograd copies back into inputs (an
     inference graph's, passes/input_writes_in_place.py)."""
+    writes = input_writes if kind == "inference" else None
     if has_symbolic_inputs(example_inputs):
         from tpu_inductor.dynamic.graph import DynamicShapeGraph
 
-        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters)
+        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters, writes)
     freeze = kind == "inference" and context.config.freeze_parameters
-    writes = input_writes if kind == "inference" else None
     return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze, input_writes=writes))
 
 

@@ -36,7 +36,12 @@ from tpu_inductor.passes.attention import decompose_attention
 from tpu_inductor.passes.depthwise_convolutions_as_taps import depthwise_convolutions_as_taps
 from tpu_inductor.passes.device_random import device_random
 from tpu_inductor.passes.hoist_sizes import hoist_sizes
-from tpu_inductor.passes.input_writes_in_place import InputWrites, input_writes_in_place
+from tpu_inductor.passes.input_writes_in_place import (
+    DeferredWrites,
+    InputWrites,
+    defer_input_writes,
+    input_writes_in_place,
+)
 from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.placement.partition import Island, PartitionPlan, propose_islands
@@ -65,6 +70,8 @@ class GraphFacts:
     """Which outputs are inputs' new values, for AOTAutograd to copy back (inference graphs)."""
     keeps_device_copies: bool = False
     """The client keeps device copies of torch's inputs (a TPU, ``zero_copy=False``; one device)."""
+    deferred_writes: Optional[DeferredWrites] = None
+    """Input writes a padded graph leaves to its caller (set by ``input_writes_in_place``)."""
 
     @classmethod
     def of(cls, context: Any, *, symbolic: bool, input_writes: Optional[InputWrites] = None) -> "GraphFacts":
@@ -98,6 +105,9 @@ class Stage:
 
 
 def _input_writes(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    if facts.symbolic:
+        gm, facts.deferred_writes = defer_input_writes(gm, facts.input_writes)
+        return gm
     return input_writes_in_place(gm, facts.input_writes, facts.keeps_device_copies)
 
 
@@ -153,10 +163,6 @@ def _only_symbolic(why: str) -> Callable[[GraphFacts], Optional[str]]:
     return lambda facts: None if facts.symbolic else why
 
 
-def _only_static(why: str) -> Callable[[GraphFacts], Optional[str]]:
-    return lambda facts: why if facts.symbolic else None
-
-
 def _static_cpu(why_cpu: str) -> Callable[[GraphFacts], Optional[str]]:
     """Run on static graphs for the CPU client only: ``why_cpu`` says why other platforms skip."""
 
@@ -172,13 +178,9 @@ def _static_cpu(why_cpu: str) -> Callable[[GraphFacts], Optional[str]]:
 
 STAGES: tuple[Stage, ...] = (
     # First, while the graph's placeholders are AOTAutograd's (device_random
-    # appends one); the functional write it leaves for the device's readers
-    # goes through every later stage.
-    Stage(
-        "input_writes_in_place",
-        _input_writes,
-        _only_static("a padded graph's writes are rewritten for its padding (padded_positions)"),
-    ),
+    # and real_lengths append some); the functional write it leaves for the
+    # device's readers goes through every later stage.
+    Stage("input_writes_in_place", _input_writes),
     # Correctness rewrites and cleanup (passes.PIPELINE), first: every later
     # stage, and attention's own traced decompositions, see their result.
     Stage("rewrites", _rewrites),

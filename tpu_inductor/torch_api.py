@@ -44,6 +44,8 @@ _NAMES: dict[str, tuple[str, str]] = {
     "GraphPickler": ("torch.fx._graph_pickler", "GraphPickler"),
     "GraphPicklerOptions": ("torch.fx._graph_pickler", "Options"),
     "LazyGraphModule": ("torch.fx._lazy_graph_module", "_LazyGraphModule"),
+    # Sizes as Python source, the form Dynamo's guards are evaluated in (dynamic/size_functions.py).
+    "PythonPrinter": ("torch.utils._sympy.printers", "PythonPrinter"),
     # torch.compiler.save_cache_artifacts() / load_cache_artifacts() (runtime/cache_artifacts.py).
     "CacheArtifact": ("torch.compiler._cache", "CacheArtifact"),
     "CacheArtifactFactory": ("torch.compiler._cache", "CacheArtifactFactory"),

@@ -6,7 +6,7 @@ cache appended at the real end, the last real token) cannot read it from a
 shape: the shapes are the bucket's. It reads it from a 0-d int64 input
 appended to the graph, ``valid_<size>``, which the dynamic-shape runtime
 fills with the size's value at the call's real sizes
-(``DynamicShapeGraph.__call__``).
+(``DynamicShapeGraph.__call__``, through ``dynamic/size_functions.py``).
 
 One :class:`RealLengths` per graph makes each size's input once, in order,
 shared by every rewrite that needs it.
@@ -15,7 +15,7 @@ shared by every rewrite that needs it.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any
 
 import sympy
 import torch
@@ -55,12 +55,6 @@ class RealLengths:
             node.meta["val"] = torch.empty((), dtype=torch.int64, device=like.device)
         self._inputs[size] = node
         return node
-
-
-def real_values(exprs: list[sympy.Expr], sizes: Mapping[sympy.Symbol, int]) -> list[torch.Tensor]:
-    """The ``valid_<size>`` arguments for a call with real ``sizes``."""
-    substitution = {s: sympy.Integer(v) for s, v in sizes.items()}
-    return [torch.tensor(int(e.xreplace(substitution)), dtype=torch.int64) for e in exprs]
 
 
 def is_extent(expr: Any) -> bool:

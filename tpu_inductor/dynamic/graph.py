@@ -37,12 +37,13 @@ from tpu_inductor.dynamic import shape_env_of, symbol_source
 from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
 from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
+from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.cache import lower_symbolic_cached
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
+from tpu_inductor.passes.input_writes_in_place import DeferredWrites, InputWrites
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis
-from tpu_inductor.analysis.real_lengths import real_values
 from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.placement.partition import Island, fuse_islands
 from tpu_inductor.placement.shardings import tensor_inputs
@@ -66,7 +67,10 @@ class DynamicShapeGraph:
         context: "CompileContext",
         as_traced: Optional[torch.fx.GraphModule] = None,
         parameters: Sequence[int] = (),
+        input_writes: Optional[InputWrites] = None,
     ) -> None:
+        """``input_writes``: the outputs AOTAutograd copies back into inputs (an
+        inference graph's); they are written in place after each call instead."""
         # An instance attribute, so wrappers made with functools.wraps keep it.
         self._boxed_call = True
         self.kind = kind
@@ -78,10 +82,11 @@ class DynamicShapeGraph:
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         self.shape_env = shape_env_of([n.meta.get("val") for n in placeholders])
 
-        facts = GraphFacts.of(context, symbolic=True)
+        facts = GraphFacts.of(context, symbolic=True, input_writes=input_writes)
         gm = run_stages(gm, facts)
+        self._deferred_writes: Optional[DeferredWrites] = facts.deferred_writes
         self.analysis: PaddingAnalysis = facts.analysis
-        self._real_lengths: list[sympy.Expr] = facts.real_length_exprs
+        self._real_lengths = SizeFunction(facts.real_length_exprs)
         self._seed_device: Optional[torch.device] = gm.meta.get(SEED_META)
         self.binding = ShapeBinding(placeholders, gm.graph.output_node().args[0], self.analysis.safe)
         self.symbols = self.binding.symbols
@@ -95,6 +100,8 @@ class DynamicShapeGraph:
                 if isinstance(n.meta.get("val"), torch.Tensor)
             ],
         )
+        if self._deferred_writes is not None:
+            self.record.inputs_written_in_place = len(self._deferred_writes.writes)
         self.dynamic_record = report.DynamicGraphRecord(
             graph_id=self.record.graph_id,
             kind=kind,
@@ -135,12 +142,14 @@ class DynamicShapeGraph:
             return self._eager(*call_args)
         self.dynamic_record.device_calls += 1
         padded = self.binding.pad(call_args, bucket)
-        padded += real_values(self._real_lengths, sizes)
+        padded += [_length_tensor(value) for value in self._real_lengths(sizes)]
         if self._seed_device is not None:  # after the valid_<size> inputs, as device_random appends it
             padded.append(draw_seed(self._seed_device))
         self._state.key = key
-        outputs = self.module.forward(*padded)  # without nn.Module's hook dispatch
-        return self.binding.unpad(outputs, sizes, call_args)
+        outputs = self.binding.unpad(self.module.forward(*padded), sizes, call_args)  # no nn.Module hooks
+        if self._deferred_writes is not None:
+            return self._deferred_writes.finish(outputs, call_args)
+        return outputs
 
     def _specialise(self, key: tuple, bucket: dict, sizes: dict) -> bool:
         """Compile the islands for a new bucket; False when it must run eagerly."""
@@ -311,3 +320,10 @@ class DynamicShapeGraph:
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:
         self._island(probe, None).prepare(key, bucket)
+
+
+@functools.lru_cache(maxsize=4096)
+def _length_tensor(value: int) -> torch.Tensor:
+    """The ``valid_<size>`` argument holding ``value``: made once per value (the
+    graph only reads it), where ``torch.tensor`` costs ~2 us a call."""
+    return torch.tensor(value, dtype=torch.int64)

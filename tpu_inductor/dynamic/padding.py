@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
+from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.analysis.padding_safety import expr_of
 
@@ -73,6 +74,25 @@ class ShapeBinding:
         # handed back from the call's own arguments, never padded.
         position = {node: index for index, node in enumerate(placeholders)}
         self._passthrough = {i: position[o] for i, o in enumerate(outputs) if o in position}
+        self._compile_size_functions()
+
+    def _compile_size_functions(self) -> None:
+        """What :meth:`pad` and :meth:`unpad` compute per call, as two functions of the symbols."""
+        padded_scalars = [(i, e) for i, e in self._scalars if e.free_symbols & self.padded]
+        self._padded_dims = [(index, dim) for index, dims in self._pad.items() for dim, _ in dims]
+        self._padded_scalars = [i for i, _ in padded_scalars]
+        self._bucket_sizes = SizeFunction(
+            [size for dims in self._pad.values() for _, size in dims] + [e for _, e in padded_scalars]
+        )
+        numbers = [(i, e) for i, e in self._numbers.items() if i not in self._passthrough]
+        cut = [
+            (i, shape)
+            for i, shape in enumerate(self._outputs)
+            if shape is not None and i not in self._passthrough and any(e.free_symbols & self.padded for e in shape)
+        ]
+        self._number_outputs = [i for i, _ in numbers]
+        self._cut_outputs = [(i, len(shape)) for i, shape in cut]
+        self._real_sizes = SizeFunction([e for _, e in numbers] + [e for _, shape in cut for e in shape])
 
     def bind(self, args: Sequence[Any]) -> dict[sympy.Symbol, int]:
         """Each symbol's value in this call."""
@@ -110,18 +130,19 @@ class ShapeBinding:
     def pad(self, args: Sequence[Any], bucket: Mapping[sympy.Symbol, int]) -> list[Any]:
         """``args`` with padded dims zero-extended and SymInt arguments at bucket values."""
         padded = list(args)
-        substitution = {s: sympy.Integer(v) for s, v in bucket.items()}
-        for index, dims in self._pad.items():
-            tensor = padded[index]
-            extra = {dim: int(size.xreplace(substitution)) - int(tensor.shape[dim]) for dim, size in dims}
-            if any(extra.values()):
+        values = iter(self._bucket_sizes(bucket))
+        extra: dict[int, dict[int, int]] = {}
+        for index, dim in self._padded_dims:
+            extra.setdefault(index, {})[dim] = next(values) - int(padded[index].shape[dim])
+        for index, widths_by_dim in extra.items():
+            if any(widths_by_dim.values()):
+                tensor = padded[index]
                 widths: list[int] = []
                 for dim in reversed(range(tensor.dim())):
-                    widths += [0, extra.get(dim, 0)]
+                    widths += [0, widths_by_dim.get(dim, 0)]
                 padded[index] = torch.constant_pad_nd(tensor, widths, 0)
-        for index, expr in self._scalars:
-            if expr.free_symbols & self.padded:
-                padded[index] = int(expr.xreplace(substitution))
+        for index in self._padded_scalars:
+            padded[index] = next(values)
         return padded
 
     def unpad(
@@ -131,20 +152,15 @@ class ShapeBinding:
         result = list(outputs)
         for index, arg_index in self._passthrough.items():
             result[index] = args[arg_index]
-        substitution = {s: sympy.Integer(v) for s, v in sizes.items()}
-        for index, expr in self._numbers.items():
-            if index not in self._passthrough:
-                result[index] = int(expr.xreplace(substitution))
-        for index, shape in enumerate(self._outputs):
+        values = iter(self._real_sizes(sizes))
+        for index in self._number_outputs:
+            result[index] = next(values)
+        for index, rank in self._cut_outputs:
+            real = [next(values) for _ in range(rank)]
             value = result[index]
-            if shape is None or index in self._passthrough or not isinstance(value, torch.Tensor):
+            if not isinstance(value, torch.Tensor) or list(value.shape) == real:
                 continue
-            if not any(e.free_symbols & self.padded for e in shape):
-                continue
-            real = [int(e.xreplace(substitution)) for e in shape]
-            if list(value.shape) == real:
-                continue
-            if value.dim() != len(real) or any(r > p for r, p in zip(real, value.shape)):
+            if value.dim() != rank or any(r > p for r, p in zip(real, value.shape)):
                 raise LoweringError(
                     f"output {index} came back {tuple(value.shape)}, which cannot hold the "
                     f"expected {tuple(real)}"

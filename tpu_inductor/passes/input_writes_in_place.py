@@ -16,6 +16,15 @@ device copy of the input, the write also gets the new value the device
 computed and keeps it as that copy (runtime/resident_writes.py), so the
 input is not uploaded again at the next call either.
 
+A padded (symbolic) graph runs on padded copies of its inputs, so a write
+inside it would land in the copy: there (:func:`defer_input_writes`) the
+graph returns the write's operands (the positions and the new rows, cut back
+to their real sizes like every output) and the input itself, and the
+dynamic-shape runtime does the write on the call's own argument after the
+graph (:class:`DeferredWrites`). A static cache whose length changes between
+``generate()`` calls (transformers sizes it to each prompt) decodes through
+such a graph.
+
 Before: ``%new = index_copy(%cache, 2, %pos, %rows)``, returned as the cache's
 new value (and read by attention on the device);
 after: ``%w = index_copy_(%cache, 2, %pos, %rows)`` before the output, eager,
@@ -25,15 +34,14 @@ Only where AOTAutograd says the input is written in its data alone and does
 not require grad (``torch_api.inputs_written_in_place``), and its new value is
 one functional ``index_copy`` or ``index_put`` of the input as it came in.
 The write is the graph's last node, so every read of the old value (on the
-device or in eager) has run before it. Static graphs only: a padded
-(symbolic) graph's writes are rewritten for its padding first
-(passes/padded_positions.py) and keep the copy-back.
+device or in eager) has run before it; a padded (symbolic) graph's write
+comes after its call (above).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.fx
@@ -130,3 +138,87 @@ def _writes_into(value: object, target: torch.fx.Node) -> bool:
 def _bytes(node: torch.fx.Node) -> int:
     value = node.meta["val"]
     return value.numel() * value.element_size()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """Where a deferred write's operand is among the graph's outputs."""
+
+    position: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DeferredWrite:
+    """One input's in-place write, done on the call's own argument after the graph."""
+
+    input_index: int
+    op: torch._ops.OpOverload
+    """The in-place form (``index_copy_``, ``index_put_``)."""
+    args: tuple
+    """The write's arguments after the input, its tensors as :class:`_Output` markers."""
+    kwargs: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class DeferredWrites:
+    """The writes a padded graph leaves to its caller, and how many outputs are its own."""
+
+    num_outputs: int
+    writes: tuple[DeferredWrite, ...]
+
+    def finish(self, outputs: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        """Do every write into ``args`` with its operands from ``outputs`` (cut
+        back to the real sizes); return the graph's own outputs, in which each
+        written input is the argument itself (AOTAutograd's copy-back of an
+        input into itself is skipped)."""
+
+        def operand(value: Any) -> Any:
+            return outputs[value.position] if isinstance(value, _Output) else value
+
+        for write in self.writes:
+            write.op(args[write.input_index], *torch.fx.node.map_aggregate(write.args, operand), **write.kwargs)
+        return list(outputs[: self.num_outputs])
+
+
+def defer_input_writes(
+    gm: torch.fx.GraphModule, input_writes: Optional[InputWrites]
+) -> tuple[torch.fx.GraphModule, Optional[DeferredWrites]]:
+    """The padded graph's form of :func:`input_writes_in_place`: the input is
+    returned as it came in, and its write's tensor operands become extra
+    outputs, for :meth:`DeferredWrites.finish` after the call."""
+    if input_writes is None or not input_writes.writes:
+        return gm, None
+    graph = gm.graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    if len(placeholders) != input_writes.num_inputs:
+        return gm, None
+    output = graph.output_node()
+    results = list(output.args[0])
+    num_outputs = len(results)
+    writes = []
+
+    def as_output(node: torch.fx.Node) -> _Output:
+        results.append(node)
+        return _Output(len(results) - 1)
+
+    for position, index in input_writes.writes:
+        value = results[position] if position < num_outputs else None
+        target = placeholders[index]
+        if not _writes_into(value, target) or not _operands_are_tensors(value):
+            continue
+        args = torch.fx.node.map_arg(value.args[1:], as_output)
+        writes.append(DeferredWrite(index, IN_PLACE_FORMS[value.target], args, dict(value.kwargs)))
+        results[position] = target
+    if not writes:
+        return gm, None
+    output.args = (type(output.args[0])(results),)
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return gm, DeferredWrites(num_outputs, tuple(writes))
+
+
+def _operands_are_tensors(value: torch.fx.Node) -> bool:
+    """Every node among the write's operands is a tensor (a graph output can carry it)."""
+    nodes: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((value.args[1:], value.kwargs), nodes.append)
+    return all(isinstance(n.meta.get("val"), torch.Tensor) for n in nodes)
