@@ -325,5 +325,8 @@ class DynamicShapeGraph:
 @functools.lru_cache(maxsize=4096)
 def _length_tensor(value: int) -> torch.Tensor:
     """The ``valid_<size>`` argument holding ``value``: made once per value (the
-    graph only reads it), where ``torch.tensor`` costs ~2 us a call."""
-    return torch.tensor(value, dtype=torch.int64)
+    graph only reads it), where ``torch.tensor`` costs ~2 us a call. Never an
+    inference tensor, though the first call may run under ``inference_mode``:
+    a later training graph's eager node may save it for backward."""
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=torch.int64)
