@@ -11,7 +11,7 @@ cut back to the real size, so callers never see a padded shape.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import sympy
 import torch
@@ -37,7 +37,7 @@ class ShapeBinding:
         self._dims: list[tuple[int, int, sympy.Symbol]] = []
         self._compound: list[tuple[int, int, sympy.Expr]] = []
         self._scalars: list[tuple[int, sympy.Expr]] = []
-        self._pad: dict[int, list[tuple[int, sympy.Expr]]] = {}
+        pad: dict[int, list[tuple[int, sympy.Expr]]] = {}
         symbols: set = set()
         for index, node in enumerate(placeholders):
             val = node.meta.get("val")
@@ -48,48 +48,45 @@ class ShapeBinding:
                     if isinstance(expr, sympy.Symbol):
                         self._dims.append((index, dim, expr))
                         if expr in padded:
-                            self._pad.setdefault(index, []).append((dim, expr))
+                            pad.setdefault(index, []).append((dim, expr))
                     elif expr.free_symbols:
                         self._compound.append((index, dim, expr))
                         if expr.free_symbols & padded:
-                            self._pad.setdefault(index, []).append((dim, expr))
+                            pad.setdefault(index, []).append((dim, expr))
             elif isinstance(val, SYMBOLIC_TYPES):
                 expr = expr_of(val)
                 symbols |= expr.free_symbols
                 self._scalars.append((index, expr))
         self.symbols: tuple[sympy.Symbol, ...] = tuple(sorted(symbols, key=str))
-        # Sizes returned as numbers: computed from the real sizes, never the bucket's.
-        self._numbers = {
-            i: expr_of(o.meta["val"])
-            for i, o in enumerate(outputs)
-            if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.SymInt)
-        }
-        self._outputs: list[Optional[tuple[sympy.Expr, ...]]] = [
-            tuple(expr_of(o.meta["val"].shape[d]) for d in range(o.meta["val"].dim()))
-            if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)
-            else None
-            for o in outputs
-        ]
         # Outputs that are inputs returned as they are (saved for backward):
         # handed back from the call's own arguments, never padded.
         position = {node: index for index, node in enumerate(placeholders)}
         self._passthrough = {i: position[o] for i, o in enumerate(outputs) if o in position}
-        self._compile_size_functions()
-
-    def _compile_size_functions(self) -> None:
-        """What :meth:`pad` and :meth:`unpad` compute per call, as two functions of the symbols."""
-        padded_scalars = [(i, e) for i, e in self._scalars if e.free_symbols & self.padded]
-        self._padded_dims = [(index, dim) for index, dims in self._pad.items() for dim, _ in dims]
+        # What pad() works out per call: each padded dim's bucket size, each padded scalar.
+        padded_scalars = [(i, e) for i, e in self._scalars if e.free_symbols & padded]
+        self._padded_dims = [(index, [dim for dim, _ in dims]) for index, dims in pad.items()]
         self._padded_scalars = [i for i, _ in padded_scalars]
         self._bucket_sizes = SizeFunction(
-            [size for dims in self._pad.values() for _, size in dims] + [e for _, e in padded_scalars]
+            [size for dims in pad.values() for _, size in dims] + [e for _, e in padded_scalars]
         )
-        numbers = [(i, e) for i, e in self._numbers.items() if i not in self._passthrough]
-        cut = [
-            (i, shape)
-            for i, shape in enumerate(self._outputs)
-            if shape is not None and i not in self._passthrough and any(e.free_symbols & self.padded for e in shape)
-        ]
+        self._compile_real_sizes(outputs)
+
+    def _compile_real_sizes(self, outputs: Sequence[Any]) -> None:
+        """What unpad() works out per call: each size returned as a number
+        (from the real sizes, never the bucket's), then the real shape of each
+        output with a padded dim."""
+        numbers: list[tuple[int, sympy.Expr]] = []
+        cut: list[tuple[int, tuple[sympy.Expr, ...]]] = []
+        for index, node in enumerate(outputs):
+            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if index in self._passthrough:
+                continue
+            if isinstance(val, torch.SymInt):
+                numbers.append((index, expr_of(val)))
+            elif isinstance(val, torch.Tensor):
+                shape = tuple(expr_of(size) for size in val.shape)
+                if any(e.free_symbols & self.padded for e in shape):
+                    cut.append((index, shape))
         self._number_outputs = [i for i, _ in numbers]
         self._cut_outputs = [(i, len(shape)) for i, shape in cut]
         self._real_sizes = SizeFunction([e for _, e in numbers] + [e for _, shape in cut for e in shape])
@@ -131,15 +128,13 @@ class ShapeBinding:
         """``args`` with padded dims zero-extended and SymInt arguments at bucket values."""
         padded = list(args)
         values = iter(self._bucket_sizes(bucket))
-        extra: dict[int, dict[int, int]] = {}
-        for index, dim in self._padded_dims:
-            extra.setdefault(index, {})[dim] = next(values) - int(padded[index].shape[dim])
-        for index, widths_by_dim in extra.items():
-            if any(widths_by_dim.values()):
-                tensor = padded[index]
+        for index, dims in self._padded_dims:
+            tensor = padded[index]
+            extra = {dim: next(values) - int(tensor.shape[dim]) for dim in dims}
+            if any(extra.values()):
                 widths: list[int] = []
                 for dim in reversed(range(tensor.dim())):
-                    widths += [0, widths_by_dim.get(dim, 0)]
+                    widths += [0, extra.get(dim, 0)]
                 padded[index] = torch.constant_pad_nd(tensor, widths, 0)
         for index in self._padded_scalars:
             padded[index] = next(values)
