@@ -95,19 +95,12 @@ def input_writes_in_place(
     also gets the new value as the device computed it (:data:`DEVICE_COPY`).
     Otherwise inputs under :data:`SHARED_MEMORY_MIN_BYTES` keep the copy-back."""
     min_bytes = 0 if device_copies else SHARED_MEMORY_MIN_BYTES
-    if input_writes is None or not input_writes.writes:
-        return gm
     graph = gm.graph
-    placeholders = list(graph.find_nodes(op="placeholder"))
-    if len(placeholders) != input_writes.num_inputs:
-        return gm
     output = graph.output_node()
     results = list(output.args[0])
     changed = False
-    for position, index in input_writes.writes:
-        value = results[position] if position < len(results) else None
-        target = placeholders[index]
-        if not _writes_into(value, target) or _bytes(target) < min_bytes:
+    for position, _, value in _functional_writes(gm, input_writes):
+        if _bytes(value.args[0]) < min_bytes:
             continue
         with graph.inserting_before(output):
             kwargs = {**value.kwargs, DEVICE_COPY: value} if device_copies else value.kwargs
@@ -116,10 +109,36 @@ def input_writes_in_place(
         results[position] = write
         changed = True
     if changed:
-        output.args = (type(output.args[0])(results),)
-        graph.eliminate_dead_code()
-        gm.recompile()
+        _set_outputs(gm, results)
     return gm
+
+
+def _functional_writes(
+    gm: torch.fx.GraphModule, input_writes: Optional[InputWrites]
+) -> list[tuple[int, int, torch.fx.Node]]:
+    """``(output position, input position, write)`` of each input AOTAutograd
+    copies back whose new value is one functional write into it (both forms
+    of the rewrite start from these)."""
+    if input_writes is None or not input_writes.writes:
+        return []
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != input_writes.num_inputs:
+        return []
+    results = gm.graph.output_node().args[0]
+    found = []
+    for position, index in input_writes.writes:
+        value = results[position] if position < len(results) else None
+        if _writes_into(value, placeholders[index]):
+            found.append((position, index, value))
+    return found
+
+
+def _set_outputs(gm: torch.fx.GraphModule, results: list) -> None:
+    """Make ``results`` the graph's outputs and drop what no longer feeds them."""
+    output = gm.graph.output_node()
+    output.args = (type(output.args[0])(results),)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
 
 
 def _writes_into(value: object, target: torch.fx.Node) -> bool:
@@ -186,14 +205,7 @@ def defer_input_writes(
     """The padded graph's form of :func:`input_writes_in_place`: the input is
     returned as it came in, and its write's tensor operands become extra
     outputs, for :meth:`DeferredWrites.finish` after the call."""
-    if input_writes is None or not input_writes.writes:
-        return gm, None
-    graph = gm.graph
-    placeholders = list(graph.find_nodes(op="placeholder"))
-    if len(placeholders) != input_writes.num_inputs:
-        return gm, None
-    output = graph.output_node()
-    results = list(output.args[0])
+    results = list(gm.graph.output_node().args[0])
     num_outputs = len(results)
     writes = []
 
@@ -201,19 +213,15 @@ def defer_input_writes(
         results.append(node)
         return _Output(len(results) - 1)
 
-    for position, index in input_writes.writes:
-        value = results[position] if position < num_outputs else None
-        target = placeholders[index]
-        if not _writes_into(value, target) or not _operands_are_tensors(value):
+    for position, index, value in _functional_writes(gm, input_writes):
+        if not _operands_are_tensors(value):
             continue
         args = torch.fx.node.map_arg(value.args[1:], as_output)
         writes.append(DeferredWrite(index, IN_PLACE_FORMS[value.target], args, dict(value.kwargs)))
-        results[position] = target
+        results[position] = value.args[0]
     if not writes:
         return gm, None
-    output.args = (type(output.args[0])(results),)
-    graph.eliminate_dead_code()
-    gm.recompile()
+    _set_outputs(gm, results)
     return gm, DeferredWrites(num_outputs, tuple(writes))
 
 
