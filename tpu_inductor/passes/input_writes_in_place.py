@@ -95,11 +95,14 @@ def input_writes_in_place(
     also gets the new value as the device computed it (:data:`DEVICE_COPY`).
     Otherwise inputs under :data:`SHARED_MEMORY_MIN_BYTES` keep the copy-back."""
     min_bytes = 0 if device_copies else SHARED_MEMORY_MIN_BYTES
+    found = _functional_writes(gm, input_writes)
+    if not found:  # read before the outputs: a graph may return one node, not a tuple
+        return gm
     graph = gm.graph
     output = graph.output_node()
     results = list(output.args[0])
     changed = False
-    for position, _, value in _functional_writes(gm, input_writes):
+    for position, _, value in found:
         if _bytes(value.args[0]) < min_bytes:
             continue
         with graph.inserting_before(output):
@@ -205,6 +208,9 @@ def defer_input_writes(
     """The padded graph's form of :func:`input_writes_in_place`: the input is
     returned as it came in, and its write's tensor operands become extra
     outputs, for :meth:`DeferredWrites.finish` after the call."""
+    found = _functional_writes(gm, input_writes)
+    if not found:  # read before the outputs: a graph may return one node, not a tuple
+        return gm, None
     results = list(gm.graph.output_node().args[0])
     num_outputs = len(results)
     writes = []
@@ -213,7 +219,7 @@ def defer_input_writes(
         results.append(node)
         return _Output(len(results) - 1)
 
-    for position, index, value in _functional_writes(gm, input_writes):
+    for position, index, value in found:
         if not _operands_are_tensors(value):
             continue
         args = torch.fx.node.map_arg(value.args[1:], as_output)
