@@ -97,6 +97,28 @@ def test_shardings_name_the_devices_of_each_part():
     assert mesh.fit(("data",), (3, 4)) == (None, None)  # 2 does not divide 3: replicated
 
 
+def test_a_compiled_results_sharding_reads_back_as_the_parts_each_device_holds():
+    from tpu_inductor.runtime.jaxlib_api import hlo_sharding_from_string
+    from tpu_inductor.runtime.sharded import result_parts, spec_of
+
+    mesh = Mesh(parse_mesh("data=2,model=2"), tuple(range(4)))
+    x = torch.arange(24.0).reshape(4, 6)
+    for spec in [("data", None), (None, "model"), ("model", "data"), (None, None)]:
+        sharding = hlo_sharding_from_string(mesh.hlo_sharding(spec))
+        assert spec_of(mesh, sharding, x.shape) == spec
+        parts = result_parts(sharding, x.shape)
+        if parts is None:
+            continue
+        # One device per distinct part, holding what Mesh.shard cuts for it.
+        assert len(parts) == 4 // (2 if None in spec else 1)
+        for device, slices in parts:
+            torch.testing.assert_close(x[slices], mesh.shard(x, spec, device))
+    # XLA pads an uneven tile; the last part is cut to the whole.
+    uneven = result_parts(hlo_sharding_from_string("{devices=[4]0,1,2,3}"), (6,))
+    assert [s for _, (s,) in uneven] == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 6)]
+    assert spec_of(mesh, hlo_sharding_from_string("{devices=[4]0,1,2,3}"), (8,)) is None  # no one axis of 4
+
+
 def test_a_mesh_larger_than_the_platform_is_a_clear_error():
     compiled = torch.compile(lambda a: a + 1, backend="tpu", options={"mesh": {"data": 4}, "platform": "cpu"})
     compiled(torch.randn(8))  # the CPU client makes the mesh's devices
@@ -154,6 +176,56 @@ def test_data_parallel_mlp_backward_has_one_all_reduce_and_no_all_gather():
     assert island.shardings["outputs"] == ["{replicated}"] * 4  # the four gradients, whole
 
 
+def test_results_stay_split_where_xla_computed_them_split():
+    """An activation computed per device is returned split and put together on
+    the host, not all-gathered in the program; a backward takes what its
+    forward saved split the same way (results replicated before: the MLP's
+    forward held 2 all-gathers, the transformer's 12 and its backward 3)."""
+    torch.manual_seed(0)
+    x, target = torch.randn(8, 16), torch.randn(8, 4)
+    train(torch.compile(mlp(), backend="tpu", options=DATA4), x, target, steps=1)
+    (forward,) = graph("forward").islands
+    assert forward.collectives == {}
+    assert forward.shardings["outputs"] == ["{devices=[4,1]<=[4]}"] * 2  # the output and the saved ReLU
+    (backward,) = graph("backward").islands
+    assert "{devices=[4,1]0,1,2,3}" in backward.shardings["inputs"]  # the saved ReLU, split as saved
+    torch._dynamo.reset()
+    report.reset()
+    model = transformer()
+    x, target = _inputs(model)
+    train(torch.compile(model, backend="tpu", options=DATA4), x, target, steps=1)
+    gathers = sum(i.collectives.get("all-gather", 0) for g in report.current().graphs for i in g.islands)
+    assert gathers <= 3, gathers
+
+
+def test_a_split_result_is_put_together_from_each_part_where_xla_put_it():
+    """Results XLA splits in ways of its own (a transposed split, a flattened
+    one, over two axes with copies) come back whole and exact."""
+    two_axes = {"mesh": {"data": 2, "model": 2}, "strict": True}
+    cases = [
+        (lambda x: (x + 1).t(), DATA4, "{devices=[1,4]<=[4]}"),
+        (lambda x: x.sin().reshape(-1), DATA4, "{devices=[4]<=[4]}"),
+        (lambda x: torch.cat([x, x[:2]]) + 1, DATA4, None),
+    ]
+    for function, options, sharding in cases:
+        torch._dynamo.reset()
+        report.reset()
+        x = torch.randn(8, 3)
+        got = torch.compile(function, backend="tpu", options=options)(x)
+        torch.testing.assert_close(got, function(x), rtol=0, atol=0)
+        (island,) = graph("inference").islands
+        assert sharding is None or island.shardings["outputs"] == [sharding]
+    torch._dynamo.reset()
+    report.reset()
+    x, weight = torch.randn(8, 3), torch.randn(3, 8)
+    tpu_inductor.shard(weight, (None, "model"))
+    function = lambda x, w: (x @ w).relu()  # noqa: E731
+    got = torch.compile(function, backend="tpu", options=two_axes)(x, weight)
+    torch.testing.assert_close(got, function(x, weight), **TOLERANCE)
+    (island,) = graph("inference").islands
+    assert "last_tile_dim_replicate" in island.shardings["outputs"][0] and island.collectives == {}
+
+
 def test_a_shard_hint_splits_a_parameter_over_the_model_axis():
     """Tensor parallel pair: the first Linear split by output features, the
     second by input features, over ``model``; the batch over ``data``."""
@@ -186,7 +258,8 @@ def test_a_mesh_executable_comes_back_from_the_disk_cache(tmp_path):
         second = torch.compile(model, backend="tpu", options=options)(x)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     (island,) = graph("inference").islands
-    assert island.compile_source == "disk" and island.collectives == {"all-gather": 1}
+    # The disk's executable is the mesh's: its result split as XLA chose.
+    assert island.compile_source == "disk" and island.shardings["outputs"] == ["{devices=[4,1]<=[4]}"]
 
 
 def test_a_hint_for_another_mesh_or_axis_is_a_clear_error():

@@ -36,7 +36,14 @@ from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries,
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands
 from tpu_inductor.placement.placement import Decision, place, record_eager
-from tpu_inductor.placement.shardings import MeshLayout, batch_size, dynamo_inputs, hints_of, tensor_inputs
+from tpu_inductor.placement.shardings import (
+    MeshLayout,
+    batch_size,
+    dynamo_inputs,
+    gradients_of_parameters,
+    hints_of,
+    tensor_inputs,
+)
 from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
@@ -73,6 +80,9 @@ class CompileContext:
     batch: Optional[int] = None
     """The batch size a mesh's first axis splits, read off the forward or
     inference graph, kept for the backward (placement/shardings.py)."""
+    result_shardings: dict[str, Spec] = dataclasses.field(default_factory=dict)
+    """A forward's island results (by node name) -> the spec XLA gave each,
+    kept for the backward (``MeshLayout.saved``)."""
 
     @classmethod
     def create(cls, config: Config, example_inputs: Sequence[Any] = ()) -> "CompileContext":
@@ -305,7 +315,7 @@ def build_compiled_graph(
     chosen = choose_eager_kernels(gm, context.kernels, support.lowers)
     parameter_nodes = parameter_placeholders(gm, kind, parameters)
     frozen = parameter_only_nodes(gm, parameter_nodes) if freeze and parameter_nodes else set()
-    layout = mesh_layout(gm, kind, context, parameter_nodes, record)
+    layout = mesh_layout(gm, kind, context, parameters, record)
     plan: Optional[PartitionPlan] = propose_islands(gm, place(gm, support, chosen, frozen))
     small = small_islands_between_eager_kernels(plan.islands, chosen) if chosen else {}
     if small:
@@ -356,15 +366,20 @@ def compile_module(
     layout: Optional[MeshLayout] = None,
     shardings: Sequence[Spec] = (),
     device_only: frozenset[int] = frozenset(),
+    output_shardings: Sequence[Optional[Spec]] = (),
 ) -> tuple[DeviceExecutable, Any]:
     """One StableHLO module as an executable (from memory, disk or XLA), for
-    one device or, with a ``layout`` and the inputs' ``shardings``, partitioned
-    over the mesh. Both paths compile their islands here. Returns the
-    executable and the compile stats."""
+    one device or, with a ``layout``, the inputs' ``shardings`` and the
+    outputs' (:meth:`MeshLayout.output_shardings`), partitioned over the
+    mesh. Both paths compile their islands here. Returns the executable and
+    the compile stats."""
     mesh = layout.mesh if layout is not None else None
     if mesh is not None:
-        replicated = [(None,) * len(spec.shape) for spec in output_specs]
-        module = annotate_shardings(module, mesh.axes, shardings, replicated)
+        results = [
+            mesh.fit(spec, out.shape) if spec is not None else None
+            for spec, out in zip(output_shardings, output_specs)
+        ]
+        module = annotate_shardings(module, mesh.axes, shardings, results)
     loaded, stats = compile_stablehlo(
         module,
         context.platform,
@@ -393,21 +408,25 @@ def mesh_layout(
     gm: torch.fx.GraphModule,
     kind: str,
     context: CompileContext,
-    parameters: Sequence[torch.fx.Node],
+    parameters: Sequence[int],
     record: report.GraphRecord,
 ) -> Optional[MeshLayout]:
-    """How the islands of ``gm`` (static or symbolic) lie over the mesh, noted in
-    its ``record``; None without a mesh. A forward or inference graph fixes the
-    batch (placement/shardings.py), which its backward reuses: a backward's
-    inputs are not Dynamo's."""
+    """How the islands of ``gm`` (static or symbolic; ``parameters``: Dynamo
+    positions) lie over the mesh, noted in its ``record``; None without a
+    mesh. A forward or inference graph fixes the batch
+    (placement/shardings.py), which its backward reuses: a backward's inputs
+    are not Dynamo's."""
     if context.mesh is None:
         return None
     inputs = dynamo_inputs(gm, kind)
+    parameter_nodes = parameter_placeholders(gm, kind, parameters)
     if kind != "backward":
-        context.batch = batch_size(list(inputs.values()), parameters)
+        context.batch = batch_size(list(inputs.values()), parameter_nodes)
     record.mesh = context.mesh.describe()
     hints = {inputs[i]: spec for i, spec in context.hints.items() if i in inputs}
-    return MeshLayout(context.mesh, frozenset(parameters), hints, context.batch)
+    gradients = gradients_of_parameters(gm, kind, parameters)
+    saved = context.result_shardings if kind == "backward" else {}
+    return MeshLayout(context.mesh, frozenset(parameter_nodes), hints, context.batch, gradients, saved)
 
 
 def _compile_island(
@@ -424,13 +443,18 @@ def _compile_island(
         for_cpu=context.platform.name == "cpu",
         isolate=context.config.isolate_lowering,
     )
-    shardings = (
-        layout.input_shardings(tensor_inputs(island), [s.shape for s in lowered.input_specs]) if layout else ()
-    )
+    shardings, output_shardings = (), ()
+    if layout is not None:
+        shardings = layout.input_shardings(tensor_inputs(island), [s.shape for s in lowered.input_specs])
+        output_shardings = layout.output_shardings(island.outputs, len(lowered.output_specs))
     executable, stats = compile_module(
         lowered.module, lowered.input_specs, lowered.output_specs, context, island.name, layout, shardings,
-        device_only=_device_copies_out(island),
+        device_only=_device_copies_out(island), output_shardings=output_shardings,
     )
+    if isinstance(executable, ShardedExecutable) and len(island.outputs) == len(executable.output_layouts):
+        context.result_shardings.update(
+            (node.name, spec) for node, spec in zip(island.outputs, executable.output_layouts) if spec is not None
+        )
     island_record = compiled_island_record(
         island.name, len(island.nodes), executable, stats, lower_stats.seconds, lower_stats.source,
         ops=hooks.op_counts(island.nodes),

@@ -113,9 +113,9 @@ class DynamicShapeGraph:
             },
         )
         report.record_dynamic_graph(self.dynamic_record)
-        from tpu_inductor.compiled_graph import mesh_layout, parameter_placeholders  # they build on this package
+        from tpu_inductor.compiled_graph import mesh_layout  # it builds on this package
 
-        self.layout = mesh_layout(gm, kind, context, parameter_placeholders(gm, kind, parameters), self.record)
+        self.layout = mesh_layout(gm, kind, context, parameters, self.record)
         for symbol, why in self.dynamic_record.exact.items():
             log.info("tpu_inductor: %s compiles at exact sizes: %s", symbol, why)
 
@@ -315,7 +315,11 @@ class DynamicShapeGraph:
             )
             self.dynamic_record.lowerings += stats.source == "torch-mlir"
         # A probe proves that the island lowers; it compiles for one device.
-        layout = (self.layout, tensor_inputs(island)) if record is not None and self.layout is not None else None
+        layout = (
+            (self.layout, tensor_inputs(island), island.outputs)
+            if record is not None and self.layout is not None
+            else None
+        )
         return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record, layout)
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Hashable, Mapping, Optional
+from typing import Any, Hashable, Mapping, Optional, Sequence
 
 import sympy
 import torch
@@ -51,10 +51,11 @@ class SymbolicIsland:
         state: CallState,
         context: Any,
         record: Optional[report.GraphRecord],
-        layout: Optional[tuple[Any, list[torch.fx.Node]]] = None,
+        layout: Optional[tuple[Any, list[torch.fx.Node], Sequence[torch.fx.Node]]] = None,
     ) -> None:
         """``layout``: the graph's ``MeshLayout`` and the owner graph's nodes this
-        island's tensor inputs are, to compile each bucket for the mesh."""
+        island's tensor inputs and its results are, to compile each bucket for
+        the mesh."""
         self.island_name = name
         self._layout = layout
         self.graph = graph
@@ -110,14 +111,16 @@ class SymbolicIsland:
         refined_seconds = time.perf_counter() - started
         output_specs = [TensorSpec(tuple(size(e) for e in shape), dtype) for shape, dtype in self._outputs]
         label = ",".join(f"{s}={v}" for s, v in sorted(sizes.items(), key=lambda kv: str(kv[0])))
-        layout, shardings = None, ()
+        layout, shardings, output_shardings = None, (), ()
         if self._layout is not None:
-            layout, inputs = self._layout
+            layout, inputs, outputs = self._layout
             shardings = layout.input_shardings(inputs, [s.shape for s in input_specs], sizes)
+            output_shardings = layout.output_shardings(outputs, len(output_specs))
         from tpu_inductor.compiled_graph import compile_module, compiled_island_record  # it builds on this package
 
         executable, stats = compile_module(
-            module, input_specs, output_specs, context, f"{self.island_name}[{label}]", layout, shardings
+            module, input_specs, output_specs, context, f"{self.island_name}[{label}]", layout, shardings,
+            output_shardings=output_shardings,
         )
         self._executables[key] = executable
         if self._record is not None:

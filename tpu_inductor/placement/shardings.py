@@ -4,10 +4,14 @@ Why: XLA's SPMD partitioner needs a sharding for every argument and result
 of an island (``Config.mesh``). The default is data parallel: parameters
 and buffers are replicated on every device, every other tensor whose dim 0
 is the batch (the size of dim 0 of the region's inputs that are not
-parameters or buffers) is split along it over the mesh's first axis, and results are
-replicated, so the graph around the island sees whole tensors.
-A training step then computes each device's share of the batch, and the
-gradients, replicated results, are summed by the all-reduce XLA inserts.
+parameters or buffers) is split along it over the mesh's first axis.
+Results take the sharding XLA's propagation gives them (an activation
+computed per device stays split: no all-gather in the program; a backward
+takes what its forward saved split the same way), except a parameter's
+gradient, which is replicated, so a training step's gradients
+are summed by the all-reduce XLA inserts. runtime/sharded.py puts split
+results together on the host, so the graph around the island sees whole
+tensors.
 A :func:`tpu_inductor.shard` hint on a parameter replaces its default.
 
 A sharding never changes the numbers a program computes, only where they
@@ -18,7 +22,7 @@ are computed and what moves between devices, so a guess that does not fit
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 import torch
 import torch.fx
@@ -99,6 +103,13 @@ class MeshLayout:
     hints: Mapping[torch.fx.Node, Spec]
     batch: Any
     """The batch size (:func:`batch_size`): an int, a symbolic size's expression, or None."""
+    replicated_results: frozenset = frozenset()
+    """Nodes of the graph that are parameters' gradients: replicated, so that
+    XLA sums them with an all-reduce (not a reduce-scatter)."""
+    saved: Mapping[str, Spec] = dataclasses.field(default_factory=dict)
+    """A backward's inputs that its forward saved (by name: AOTAutograd names
+    a saved value's placeholder after the forward's node) -> the spec XLA gave
+    that result in the forward, so the backward takes it split the same way."""
 
     def input_shardings(
         self,
@@ -115,11 +126,34 @@ class MeshLayout:
         for node, shape in zip(inputs, shapes):
             if node in self.hints:
                 specs.append(self.mesh.fit(self.hints[node], shape))
+            elif node.op == "placeholder" and node.name in self.saved:
+                specs.append(self.mesh.fit(self.saved[node.name], shape))
             elif node not in self.parameters and shape and shape[0] == batch:
                 specs.append(self.mesh.fit((self.mesh.batch_axis,), shape))
             else:
                 specs.append(self.mesh.fit((), shape))
         return specs
+
+
+    def output_shardings(self, outputs: Sequence[torch.fx.Node], count: int) -> list[Optional[Spec]]:
+        """One spec per result of an island (the owner graph's nodes it returns):
+        replicated for a parameter's gradient, None (XLA chooses) for the rest.
+        Replicated throughout when the island's results are not exactly its
+        ``outputs`` (``count`` of them)."""
+        if len(outputs) != count:
+            return [()] * count
+        return [() if node in self.replicated_results else None for node in outputs]
+
+
+def gradients_of_parameters(gm: torch.fx.GraphModule, kind: str, parameters: Collection[int]) -> frozenset:
+    """The nodes a backward graph returns as the gradients of the Dynamo inputs
+    at ``parameters`` (a backward returns one gradient per forward input, in order)."""
+    if kind != "backward":
+        return frozenset()
+    returned = gm.graph.output_node().args[0]
+    return frozenset(
+        returned[i] for i in parameters if i < len(returned) and isinstance(returned[i], torch.fx.Node)
+    )
 
 
 def batch_size(inputs: Sequence[torch.fx.Node], parameters: Collection[torch.fx.Node]) -> Any:

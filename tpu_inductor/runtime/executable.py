@@ -137,6 +137,9 @@ def spmd_compile_options(mesh: Mesh) -> Any:
     build = options.executable_build_options
     build.use_spmd_partitioning = True
     build.use_shardy_partitioner = True  # the annotations are Shardy's (lowering/sharding_annotations.py)
+    # A result left unannotated takes the sharding XLA propagates to it
+    # (runtime/sharded.py assembles it), rather than being all-gathered.
+    build.allow_spmd_sharding_propagation_to_output = [True]
     options.device_assignment = jaxlib_api.DeviceAssignment.create(
         np.array([[device.id for device in devices]], dtype=np.int32)
     )

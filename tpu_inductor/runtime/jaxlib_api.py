@@ -48,7 +48,18 @@ def shaped_array(shape: Sequence[int], numpy_dtype: Any) -> Any:
 
 def hlo_sharding(devices: Any, text: str) -> Any:
     """A sharding over ``devices`` (a :data:`DeviceList`) from its HLO text (``{devices=[4,1]0,1,2,3}``)."""
-    return _jax.GSPMDSharding(devices, _hlo.HloSharding.from_string(text))
+    return _jax.GSPMDSharding(devices, hlo_sharding_from_string(text))
+
+
+def hlo_sharding_from_string(text: str) -> Any:
+    """An ``HloSharding`` from its HLO text (``{devices=[4,1]0,1,2,3}``)."""
+    return _hlo.HloSharding.from_string(text)
+
+
+def sharding_from_proto(proto: Any) -> Any:
+    """An ``HloSharding`` from the ``OpSharding`` a compiled program reports
+    (``LoadedExecutable.get_output_shardings``)."""
+    return _hlo.HloSharding.from_proto(proto)
 
 
 def single_device_result_handler(aval: Any, device: Any) -> Any:

@@ -6,16 +6,21 @@ each island once for all devices (lowering/sharding_annotations.py annotates it,
 the island still passes whole tensors: :class:`ShardedExecutable` cuts each
 argument into the parts its sharding gives each device (on the CPU client,
 views of torch's memory through DLPack), runs the program once on all
-devices, and hands back the results, which are replicated, from the first
-device. :func:`collectives` counts what XLA inserted, for the report.
+devices, and hands back whole results: a replicated one from the first
+device, a split one (XLA chose its sharding: placement/shardings.py) put
+together on the host from one copy of each part (:func:`result_parts`), so
+the program holds no all-gather for it. :func:`collectives` counts what XLA
+inserted, for the report.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import re
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -25,6 +30,68 @@ from tpu_inductor.runtime.platform import Platform
 from tpu_inductor.runtime import jaxlib_api, transfer
 
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+
+
+Parts = Optional[tuple[tuple[int, tuple[slice, ...]], ...]]
+"""Of one result: (device index on the mesh, the slices of the whole it holds),
+one device per distinct part; None for a replicated result."""
+
+
+def device_slices(sharding: Any, shape: Sequence[int]) -> Optional[dict[int, tuple[slice, ...]]]:
+    """Device index on the mesh -> the slices of a result of ``shape`` it holds,
+    from its ``sharding`` (an ``HloSharding`` of the compiled program over the
+    mesh's devices, in order); None for a replicated result.
+
+    A tiled sharding names, per tile of ``tile_assignment_dimensions``, the
+    device holding it (row major; with ``replicate_on_last_tile_dim`` the
+    last dim lists the devices holding copies of one tile). XLA pads an
+    uneven tile: a part's slice is cut to the whole's shape."""
+    if sharding.is_replicated() or not sharding.is_tiled():
+        return None
+    if sharding.subgroup_types():
+        raise NotImplementedError(f"a result sharded as {sharding} (subgroups other than copies)")
+    tiles = list(sharding.tile_assignment_dimensions())
+    devices = np.asarray(sharding.tile_assignment_devices()).reshape(tiles)
+    if not sharding.replicate_on_last_tile_dim():
+        devices = devices[..., np.newaxis]
+    slices = {}
+    for tile in np.ndindex(*devices.shape[:-1]):
+        cut = []
+        for size, count, index in zip(shape, devices.shape, tile):
+            step = -(-size // count)
+            cut.append(slice(min(index * step, size), min((index + 1) * step, size)))
+        for device in devices[tile]:
+            slices[int(device)] = tuple(cut)
+    return slices
+
+
+def result_parts(sharding: Any, shape: Sequence[int]) -> Parts:
+    """One device per distinct part of a result (:func:`device_slices`)."""
+    slices = device_slices(sharding, shape)
+    if slices is None:
+        return None
+    first: dict[tuple, int] = {}
+    for device, cut in sorted(slices.items()):
+        first.setdefault(tuple((s.start, s.stop) for s in cut), device)
+    return tuple((device, slices[device]) for device in sorted(first.values()))
+
+
+def spec_of(mesh: Mesh, sharding: Any, shape: Sequence[int]) -> Optional[Spec]:
+    """``sharding`` written as a :data:`Spec` over ``mesh``, when one says the
+    same (every device holds the same slices); None when none does."""
+    wanted = device_slices(sharding, shape)
+    if wanted is None:
+        return (None,) * len(shape)
+    tiles = list(sharding.tile_assignment_dimensions())[: len(shape)]
+    choices = [
+        [None] if count == 1 else [axis for axis in mesh.names if mesh.axis_size(axis) == count] for count in tiles
+    ]
+    for spec in itertools.product(*choices):
+        if len(set(a for a in spec if a)) == sum(1 for a in spec if a):
+            candidate = jaxlib_api.hlo_sharding_from_string(mesh.hlo_sharding(spec))
+            if device_slices(candidate, shape) == wanted:
+                return tuple(spec)
+    return None
 
 
 def collectives(loaded: Any) -> dict[str, int]:
@@ -50,6 +117,16 @@ class ShardedExecutable(DeviceExecutable):
         self.run = self._run_on_mesh
         self._mesh = mesh
         self._input_shardings = tuple(input_shardings)
+        self._output_shardings = [jaxlib_api.sharding_from_proto(p) for p in loaded.get_output_shardings()]
+        self._output_parts = [
+            result_parts(sharding, spec.shape) for sharding, spec in zip(self._output_shardings, output_specs)
+        ]
+        self.output_layouts = [
+            spec_of(mesh, sharding, spec.shape) for sharding, spec in zip(self._output_shardings, output_specs)
+        ]
+        """Per result, the :data:`Spec` XLA gave it (None: none says it), so an
+        island that reads it (a backward reading what its forward saved) can
+        take it split the same way."""
         devices = jaxlib_api.DeviceList(tuple(mesh.devices))
         self._global = [
             (
@@ -63,7 +140,7 @@ class ShardedExecutable(DeviceExecutable):
         """Put the mesh's view of this executable in its island's record."""
         island_record.shardings = {
             "inputs": [self._mesh.hlo_sharding(s) for s in self._input_shardings],
-            "outputs": [self._mesh.hlo_sharding(()) for _ in self._output_specs],
+            "outputs": [str(sharding) for sharding in self._output_shardings],
         }
         island_record.collectives = collectives(self._loaded)
 
@@ -79,10 +156,21 @@ class ShardedExecutable(DeviceExecutable):
             parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
             arguments.append(jaxlib_api.ArrayImpl(aval, global_sharding, parts, True))
         results = self._loaded.execute_sharded(arguments).disassemble_into_single_device_arrays()
-        outputs = [self._to_torch(per_device[0]) for per_device in results]
+        outputs = [
+            self._to_torch(per_device[0]) if parts is None else self._assemble(per_device, parts, spec)
+            for per_device, parts, spec in zip(results, self._output_parts, self._output_specs)
+        ]
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
+
+    def _assemble(self, per_device: Sequence[Any], parts: Parts, spec: Any) -> torch.Tensor:
+        """One whole tensor from the parts of a split result."""
+        whole = torch.empty(spec.shape, dtype=spec.dtype)
+        for device_index, slices in parts:
+            part = self._to_torch(per_device[device_index])
+            whole[slices] = part[tuple(slice(0, s.stop - s.start) for s in slices)]
+        return whole
 
     def _to_device(self, part: torch.Tensor, device: Any) -> Any:
         part = part.detach().contiguous()
