@@ -226,6 +226,24 @@ def test_a_split_result_is_put_together_from_each_part_where_xla_put_it():
     assert "last_tile_dim_replicate" in island.shardings["outputs"][0] and island.collectives == {}
 
 
+def test_a_result_sharding_that_cannot_be_read_compiles_again_with_whole_results(monkeypatch):
+    import tpu_inductor.runtime.sharded as sharded
+
+    def unreadable(sharding, shape):
+        if sharding.is_replicated():
+            return None
+        raise sharded.UnreadableSharding(f"a result sharded as {sharding} (test)")
+
+    monkeypatch.setattr(sharded, "device_slices", unreadable)
+    model = mlp().eval()
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        got = torch.compile(model, backend="tpu", options=DATA4)(x)
+        torch.testing.assert_close(got, model(x), **TOLERANCE)
+    (island,) = graph("inference").islands
+    assert island.shardings["outputs"] == ["{replicated}"] and island.collectives == {"all-gather": 1}
+
+
 def test_a_shard_hint_splits_a_parameter_over_the_model_axis():
     """Tensor parallel pair: the first Linear split by output features, the
     second by input features, over ``model``; the batch over ``data``."""

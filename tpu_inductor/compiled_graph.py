@@ -58,7 +58,7 @@ from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.runtime.executable import TensorSpec, resident_buffers
 from tpu_inductor.runtime.resident_writes import keeping_device_copy
 from tpu_inductor.runtime.mesh import Mesh, Spec, mesh_over
-from tpu_inductor.runtime.sharded import ShardedExecutable
+from tpu_inductor.runtime.sharded import ShardedExecutable, UnreadableSharding
 from tpu_inductor.runtime.threads import eager_workers_compete
 
 log = logging.getLogger(__name__)
@@ -374,14 +374,15 @@ def compile_module(
     mesh. Both paths compile their islands here. Returns the executable and
     the compile stats."""
     mesh = layout.mesh if layout is not None else None
+    annotated = module
     if mesh is not None:
         results = [
             mesh.fit(spec, out.shape) if spec is not None else None
             for spec, out in zip(output_shardings, output_specs)
         ]
-        module = annotate_shardings(module, mesh.axes, shardings, results)
+        annotated = annotate_shardings(module, mesh.axes, shardings, results)
     loaded, stats = compile_stablehlo(
-        module,
+        annotated,
         context.platform,
         context.disk_cache,
         input_specs=input_specs,
@@ -389,11 +390,21 @@ def compile_module(
         mesh=mesh,
         isolate=context.config.isolate_lowering,
     )
-    name = f"{name} ({stats.key})"
+    keyed_name = f"{name} ({stats.key})"
     if mesh is not None:
-        return ShardedExecutable(loaded, context.platform, mesh, input_specs, shardings, output_specs, name), stats
+        try:
+            sharded = ShardedExecutable(
+                loaded, context.platform, mesh, input_specs, shardings, output_specs, keyed_name
+            )
+        except UnreadableSharding as exc:  # compiled again with every result whole
+            log.info("tpu_inductor: %s: %s; its results are replicated instead", keyed_name, exc)
+            replicated = [()] * len(output_specs)
+            return compile_module(
+                module, input_specs, output_specs, context, name, layout, shardings, output_shardings=replicated
+            )
+        return sharded, stats
     executable = DeviceExecutable(
-        loaded, context.platform, output_specs, name=name, input_specs=input_specs, device_only=device_only
+        loaded, context.platform, output_specs, name=keyed_name, input_specs=input_specs, device_only=device_only
     )
     return executable, stats
 

@@ -32,6 +32,10 @@ from tpu_inductor.runtime import jaxlib_api, transfer
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 
 
+class UnreadableSharding(ValueError):
+    """XLA gave a result a sharding :func:`device_slices` cannot read."""
+
+
 Parts = Optional[tuple[tuple[int, tuple[slice, ...]], ...]]
 """Of one result: (device index on the mesh, the slices of the whole it holds),
 one device per distinct part; None for a replicated result."""
@@ -49,7 +53,7 @@ def device_slices(sharding: Any, shape: Sequence[int]) -> Optional[dict[int, tup
     if sharding.is_replicated() or not sharding.is_tiled():
         return None
     if sharding.subgroup_types():
-        raise NotImplementedError(f"a result sharded as {sharding} (subgroups other than copies)")
+        raise UnreadableSharding(f"a result sharded as {sharding} (subgroups other than copies)")
     tiles = list(sharding.tile_assignment_dimensions())
     devices = np.asarray(sharding.tile_assignment_devices()).reshape(tiles)
     if not sharding.replicate_on_last_tile_dim():
@@ -166,9 +170,11 @@ class ShardedExecutable(DeviceExecutable):
 
     def _assemble(self, per_device: Sequence[Any], parts: Parts, spec: Any) -> torch.Tensor:
         """One whole tensor from the parts of a split result."""
-        whole = torch.empty(spec.shape, dtype=spec.dtype)
+        whole = None
         for device_index, slices in parts:
             part = self._to_torch(per_device[device_index])
+            if whole is None:
+                whole = torch.empty(spec.shape, dtype=spec.dtype, device=part.device)
             whole[slices] = part[tuple(slice(0, s.stop - s.start) for s in slices)]
         return whole
 
