@@ -134,11 +134,20 @@ def test_a_small_input_sharing_memory_keeps_the_copy_back():
 
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "copies"])
-def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy):
+def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy, monkeypatch):
     """A cache whose length changes between calls (a static cache sized to each
     prompt) is compiled with symbolic sizes and padded to a bucket: the write
     must land in the caller's cache, not in the padded copy, and only after
-    every read of the old value. Step by step against eager, three lengths."""
+    every read of the old value. Step by step against eager, three lengths.
+
+    The padded copy is kept and given the same write, so a cache is padded
+    once, not at every step (dynamic/kept_padding.py), and padded afresh
+    when something else changed it."""
+    pads = []
+    constant_pad_nd = torch.constant_pad_nd
+    monkeypatch.setattr(
+        torch, "constant_pad_nd", lambda t, *a: (pads.append(tuple(t.shape)), constant_pad_nd(t, *a))[1]
+    )
     weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
 
     def step(cache, positions, rows):
@@ -155,9 +164,14 @@ def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy):
                 torch.testing.assert_close(compiled(cache, positions, rows), step(eager_cache, positions, rows),
                                            rtol=1e-5, atol=1e-6)
             assert torch.equal(cache, eager_cache)
+            if length == 60 and position == 1:  # a write of the caller's own: the kept copy is stale
+                cache.mul_(0.5)
+                eager_cache.mul_(0.5)
     dynamic = report.current().dynamic_graphs[-1]
     assert dynamic.padded and dynamic.device_calls == 2 * STEPS and dynamic.eager_calls == 0
     assert report.current().graphs[-1].inputs_written_in_place == 1
+    # Lengths 50 and 60 run padded: once each, and once more after the caller's write.
+    assert [shape for shape in pads if len(shape) == 4] == [(2, 4, 50, 8), (2, 4, 60, 8), (2, 4, 60, 8)]
 
 
 def test_size_functions_compute_what_sympy_substitutes():

@@ -38,6 +38,7 @@ from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
 from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
 from tpu_inductor.dynamic.size_functions import SizeFunction
+from tpu_inductor.dynamic.kept_padding import KeptPadding
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.cache import lower_symbolic_cached
 from tpu_inductor.lowering.symbolic import lower_symbolic
@@ -102,6 +103,11 @@ class DynamicShapeGraph:
         )
         if self._deferred_writes is not None:
             self.record.inputs_written_in_place = len(self._deferred_writes.writes)
+        self._kept_padding = (
+            KeptPadding({write.input_index for write in self._deferred_writes.writes})
+            if self._deferred_writes is not None
+            else None
+        )
         self.dynamic_record = report.DynamicGraphRecord(
             graph_id=self.record.graph_id,
             kind=kind,
@@ -141,14 +147,14 @@ class DynamicShapeGraph:
             self.dynamic_record.eager_calls += 1
             return self._eager(*call_args)
         self.dynamic_record.device_calls += 1
-        padded = self.binding.pad(call_args, bucket)
+        padded = self.binding.pad(call_args, bucket, self._kept_padding)
         padded += [_length_tensor(value) for value in self._real_lengths(sizes)]
         if self._seed_device is not None:  # after the valid_<size> inputs, as device_random appends it
             padded.append(draw_seed(self._seed_device))
         self._state.key = key
         outputs = self.binding.unpad(self.module.forward(*padded), sizes, call_args)  # no nn.Module hooks
         if self._deferred_writes is not None:
-            return self._deferred_writes.finish(outputs, call_args)
+            return self._deferred_writes.finish(outputs, call_args, self._kept_padding)
         return outputs
 
     def _specialise(self, key: tuple, bucket: dict, sizes: dict) -> bool:

@@ -11,13 +11,14 @@ cut back to the real size, so callers never see a padded shape.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import sympy
 import torch
 import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
+from tpu_inductor.dynamic.kept_padding import KeptPadding
 from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.analysis.padding_safety import expr_of
@@ -124,18 +125,31 @@ class ShapeBinding:
         if missing:
             raise LoweringError(f"cannot read the sizes {missing} off the graph's arguments")
 
-    def pad(self, args: Sequence[Any], bucket: Mapping[sympy.Symbol, int]) -> list[Any]:
-        """``args`` with padded dims zero-extended and SymInt arguments at bucket values."""
+    def pad(
+        self, args: Sequence[Any], bucket: Mapping[sympy.Symbol, int], kept: Optional[KeptPadding] = None
+    ) -> list[Any]:
+        """``args`` with padded dims zero-extended and SymInt arguments at bucket
+        values; ``kept``: padded copies of inputs written in place, reused while
+        unchanged (dynamic/kept_padding.py)."""
         padded = list(args)
         values = iter(self._bucket_sizes(bucket))
         for index, dims in self._padded_dims:
             tensor = padded[index]
             extra = {dim: next(values) - int(tensor.shape[dim]) for dim in dims}
-            if any(extra.values()):
-                widths: list[int] = []
-                for dim in reversed(range(tensor.dim())):
-                    widths += [0, extra.get(dim, 0)]
-                padded[index] = torch.constant_pad_nd(tensor, widths, 0)
+            if not any(extra.values()):
+                continue
+            if kept is not None and index in kept.positions:
+                shape = [size + extra.get(dim, 0) for dim, size in enumerate(tensor.shape)]
+                reused = kept.reuse(index, tensor, shape)
+                if reused is not None:
+                    padded[index] = reused
+                    continue
+            widths: list[int] = []
+            for dim in reversed(range(tensor.dim())):
+                widths += [0, extra.get(dim, 0)]
+            padded[index] = torch.constant_pad_nd(tensor, widths, 0)
+            if kept is not None and index in kept.positions:
+                kept.keep(index, tensor, padded[index])
         for index in self._padded_scalars:
             padded[index] = next(values)
         return padded

@@ -188,17 +188,22 @@ class DeferredWrites:
     num_outputs: int
     writes: tuple[DeferredWrite, ...]
 
-    def finish(self, outputs: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    def finish(self, outputs: Sequence[Any], args: Sequence[Any], kept: Optional[Any] = None) -> list[Any]:
         """Do every write into ``args`` with its operands from ``outputs`` (cut
-        back to the real sizes); return the graph's own outputs, in which each
-        written input is the argument itself (AOTAutograd's copy-back of an
-        input into itself is skipped)."""
+        back to the real sizes), and into their kept padded copies (``kept``:
+        dynamic/kept_padding.py's ``KeptPadding``); return the graph's own
+        outputs, in which each written input is the argument itself
+        (AOTAutograd's copy-back of an input into itself is skipped)."""
 
         def operand(value: Any) -> Any:
             return outputs[value.position] if isinstance(value, _Output) else value
 
         for write in self.writes:
-            write.op(args[write.input_index], *torch.fx.node.map_aggregate(write.args, operand), **write.kwargs)
+            argument = args[write.input_index]
+            operands = torch.fx.node.map_aggregate(write.args, operand)
+            write.op(argument, *operands, **write.kwargs)
+            if kept is not None:
+                kept.write(write.input_index, argument, write.op, *operands, **write.kwargs)
         return list(outputs[: self.num_outputs])
 
 
