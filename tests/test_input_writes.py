@@ -143,11 +143,14 @@ def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy, monke
     The padded copy is kept and given the same write, so a cache is padded
     once, not at every step (dynamic/kept_padding.py), and padded afresh
     when something else changed it."""
-    pads = []
-    constant_pad_nd = torch.constant_pad_nd
+    from tpu_inductor.runtime import transfer
+
+    pads, uploads = [], []
+    constant_pad_nd, upload = torch.constant_pad_nd, transfer.upload
     monkeypatch.setattr(
         torch, "constant_pad_nd", lambda t, *a: (pads.append(tuple(t.shape)), constant_pad_nd(t, *a))[1]
     )
+    monkeypatch.setattr(transfer, "upload", lambda t, device: (uploads.append(tuple(t.shape)), upload(t, device))[1])
     weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
 
     def step(cache, positions, rows):
@@ -172,6 +175,9 @@ def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy, monke
     assert report.current().graphs[-1].inputs_written_in_place == 1
     # Lengths 50 and 60 run padded: once each, and once more after the caller's write.
     assert [shape for shape in pads if len(shape) == 4] == [(2, 4, 50, 8), (2, 4, 60, 8), (2, 4, 60, 8)]
+    if not zero_copy:  # each padded copy crosses once: the device keeps its own write
+        padded_uploads = [shape for shape in uploads if len(shape) == 4 and shape[2] > 60]
+        assert len(padded_uploads) == 3, uploads
 
 
 def test_size_functions_compute_what_sympy_substitutes():

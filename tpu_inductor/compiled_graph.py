@@ -34,7 +34,7 @@ from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.input_writes_in_place import DEVICE_COPY, WRITES_INPUT, InputWrites
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
-from tpu_inductor.placement.partition import Island, PartitionPlan, fuse_islands, propose_islands
+from tpu_inductor.placement.partition import Island, PartitionPlan, device_copies_out, fuse_islands, propose_islands
 from tpu_inductor.placement.placement import Decision, place, record_eager
 from tpu_inductor.placement.shardings import (
     MeshLayout,
@@ -460,7 +460,7 @@ def _compile_island(
         output_shardings = layout.output_shardings(island.outputs, len(lowered.output_specs))
     executable, stats = compile_module(
         lowered.module, lowered.input_specs, lowered.output_specs, context, island.name, layout, shardings,
-        device_only=_device_copies_out(island), output_shardings=output_shardings,
+        device_only=device_copies_out(island), output_shardings=output_shardings,
     )
     if isinstance(executable, ShardedExecutable) and len(island.outputs) == len(executable.output_layouts):
         context.result_shardings.update(
@@ -472,18 +472,6 @@ def _compile_island(
     )
     hooks.on_island_compiled(record, island_record, lowered.module, check_tpu=context.checks_tpu_readiness)
     return executable, island_record
-
-
-def _device_copies_out(island: Island) -> frozenset[int]:
-    """The island's results that only become device copies of written inputs
-    (passes/input_writes_in_place.py): handed on as device buffers, not fetched."""
-    inside = set(island.nodes)
-
-    def only_a_device_copy(node: torch.fx.Node) -> bool:
-        readers = [user for user in node.users if user not in inside]
-        return bool(readers) and all(r.kwargs.get(DEVICE_COPY) is node and node not in r.args for r in readers)
-
-    return frozenset(index for index, node in enumerate(island.outputs) if only_a_device_copy(node))
 
 
 def compiled_island_record(

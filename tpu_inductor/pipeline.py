@@ -106,7 +106,7 @@ class Stage:
 
 def _input_writes(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
     if facts.symbolic:
-        gm, facts.deferred_writes = defer_input_writes(gm, facts.input_writes)
+        gm, facts.deferred_writes = defer_input_writes(gm, facts.input_writes, facts.keeps_device_copies)
         return gm
     return input_writes_in_place(gm, facts.input_writes, facts.keeps_device_copies)
 

@@ -46,6 +46,8 @@ from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.input_writes_in_place import DeferredWrites, InputWrites
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis
 from tpu_inductor.passes.rewrite import runnable_copy
+from tpu_inductor.placement.partition import device_copies_out
+from tpu_inductor.runtime.executable import resident_buffers
 from tpu_inductor.placement.partition import Island, fuse_islands
 from tpu_inductor.placement.shardings import tensor_inputs
 from tpu_inductor.placement.placement import Decision, record_eager
@@ -103,11 +105,10 @@ class DynamicShapeGraph:
         )
         if self._deferred_writes is not None:
             self.record.inputs_written_in_place = len(self._deferred_writes.writes)
-        self._kept_padding = (
-            KeptPadding({write.input_index for write in self._deferred_writes.writes})
-            if self._deferred_writes is not None
-            else None
-        )
+        self._kept_padding = None
+        if self._deferred_writes is not None:
+            resident = resident_buffers(context.platform) if facts.keeps_device_copies else None
+            self._kept_padding = KeptPadding({w.input_index for w in self._deferred_writes.writes}, resident)
         self.dynamic_record = report.DynamicGraphRecord(
             graph_id=self.record.graph_id,
             kind=kind,
@@ -326,7 +327,10 @@ class DynamicShapeGraph:
             if record is not None and self.layout is not None
             else None
         )
-        return SymbolicIsland(island.name, island.graph, lowered, self._state, self.context, record, layout)
+        return SymbolicIsland(
+            island.name, island.graph, lowered, self._state, self.context, record, layout,
+            device_only=device_copies_out(island) if record is not None else frozenset(),
+        )
 
     def _probe_lowers(self, probe: Island, *, key: tuple, bucket: dict) -> None:
         self._island(probe, None).prepare(key, bucket)

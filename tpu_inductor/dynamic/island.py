@@ -52,11 +52,14 @@ class SymbolicIsland:
         context: Any,
         record: Optional[report.GraphRecord],
         layout: Optional[tuple[Any, list[torch.fx.Node], Sequence[torch.fx.Node]]] = None,
+        device_only: frozenset[int] = frozenset(),
     ) -> None:
         """``layout``: the graph's ``MeshLayout`` and the owner graph's nodes this
         island's tensor inputs and its results are, to compile each bucket for
-        the mesh."""
+        the mesh. ``device_only``: results handed on as device buffers
+        (passes/input_writes_in_place.py)."""
         self.island_name = name
+        self._device_only = device_only
         self._layout = layout
         self.graph = graph
         self.lowered = lowered
@@ -120,7 +123,7 @@ class SymbolicIsland:
 
         executable, stats = compile_module(
             module, input_specs, output_specs, context, f"{self.island_name}[{label}]", layout, shardings,
-            output_shardings=output_shardings,
+            device_only=self._device_only, output_shardings=output_shardings,
         )
         self._executables[key] = executable
         if self._record is not None:

@@ -10,7 +10,11 @@ changes between tokens only by the graph's own write
 (passes/input_writes_in_place.py: ``DeferredWrites``), which lands at real
 positions. So the padded copy is kept and given the same write: it stays
 equal to a fresh padding of the argument, and the next token reuses it
-(the same tensor: its PJRT view is kept too, runtime/transfer.py).
+(the same tensor: its PJRT view is kept too, runtime/transfer.py). Where
+the client keeps device copies, the graph also hands on the copy's new
+value as the device computed it, which becomes the copy's device copy
+(runtime/transfer.py's ``ResidentBuffers.written``): the cache is uploaded
+once per ``generate()``, not at every token.
 
 A kept copy is used only for the same argument object, at the version the
 last write left it (anything else that changed it, a ``cache.reset()``,
@@ -24,18 +28,21 @@ also wrote the cache itself between two calls.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from tpu_inductor.runtime.resident_writes import AOT_COPY_BACK_BUMPS
+from tpu_inductor.runtime.resident_writes import AOT_COPY_BACK_BUMPS, no_repeated_positions
+from tpu_inductor.runtime.transfer import ResidentBuffers
 
 
 class KeptPadding:
     """Per argument position written in place: (argument, its version, padded copy)."""
 
-    def __init__(self, positions: set[int]) -> None:
+    def __init__(self, positions: set[int], resident: Optional[ResidentBuffers] = None) -> None:
+        """``resident``: the device copies a client keeps (a TPU, ``zero_copy=False``)."""
         self.positions = frozenset(positions)
+        self._resident = resident
         self._kept: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
     def reuse(self, index: int, argument: torch.Tensor, shape: list[int]) -> Optional[torch.Tensor]:
@@ -56,13 +63,29 @@ class KeptPadding:
             return
         self._kept[index] = (weakref.ref(argument), version, padded)
 
-    def write(self, index: int, argument: torch.Tensor, op: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Give the kept copy of ``argument`` the write ``op`` just did to it
-        (at real positions, which are the copy's too)."""
+    def write(
+        self,
+        index: int,
+        argument: torch.Tensor,
+        op: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict,
+        device_value: Any = None,
+    ) -> None:
+        """Give the kept copy of ``argument`` the write ``op(argument, *args,
+        **kwargs)`` just did to it (at real positions, which are the copy's
+        too). ``device_value``: the copy's new value as the device computed
+        it (a buffer), kept as its device copy where the client keeps them,
+        so the next call does not upload the whole copy again."""
         entry = self._kept.get(index)
         if entry is None or entry[0]() is not argument:
             return
-        op(entry[2], *args, **kwargs)
+        padded = entry[2]
+        version_before = padded._version
+        op(padded, *args, **kwargs)
+        if self._resident is not None and not isinstance(device_value, (torch.Tensor, type(None))):
+            if no_repeated_positions(op, args):
+                self._resident.written(padded, version_before, device_value)
         # AOTAutograd then copies the argument into itself: its version moves
         # once more, with no data (as in runtime/resident_writes.py).
         self._kept[index] = (entry[0], _version(argument) + AOT_COPY_BACK_BUMPS, entry[2])

@@ -23,7 +23,9 @@ to their real sizes like every output) and the input itself, and the
 dynamic-shape runtime does the write on the call's own argument after the
 graph (:class:`DeferredWrites`). A static cache whose length changes between
 ``generate()`` calls (transformers sizes it to each prompt) decodes through
-such a graph.
+such a graph. Where the client keeps device copies, the graph also hands on
+the input's new padded value unfetched, which becomes the device copy of the
+padded copy the runtime keeps (dynamic/kept_padding.py).
 
 Before: ``%new = index_copy(%cache, 2, %pos, %rows)``, returned as the cache's
 new value (and read by attention on the device);
@@ -69,6 +71,12 @@ DEVICE_COPY = "device_copy"
 computed it, on a client that keeps device copies of inputs: the graph calls
 runtime/resident_writes.py's write there (compiled_graph.py), and the island
 hands that value on without fetching it."""
+
+
+DEVICE_ONLY_RESULT = "tpu_inductor_device_only_result"
+"""Node meta key of a padded graph's result that is only an input's new value
+for its device copy (:func:`defer_input_writes`): the island hands it on
+unfetched."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +187,10 @@ class DeferredWrite:
     args: tuple
     """The write's arguments after the input, its tensors as :class:`_Output` markers."""
     kwargs: dict
+    device_value: Optional[_Output] = None
+    """On a client that keeps device copies: the input's new padded value as the
+    device computed it (handed on unfetched), kept as the device copy of the
+    input's kept padded copy (dynamic/kept_padding.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,16 +215,19 @@ class DeferredWrites:
             operands = torch.fx.node.map_aggregate(write.args, operand)
             write.op(argument, *operands, **write.kwargs)
             if kept is not None:
-                kept.write(write.input_index, argument, write.op, *operands, **write.kwargs)
+                device_value = operand(write.device_value) if write.device_value is not None else None
+                kept.write(write.input_index, argument, write.op, operands, write.kwargs, device_value)
         return list(outputs[: self.num_outputs])
 
 
 def defer_input_writes(
-    gm: torch.fx.GraphModule, input_writes: Optional[InputWrites]
+    gm: torch.fx.GraphModule, input_writes: Optional[InputWrites], device_copies: bool = False
 ) -> tuple[torch.fx.GraphModule, Optional[DeferredWrites]]:
     """The padded graph's form of :func:`input_writes_in_place`: the input is
     returned as it came in, and its write's tensor operands become extra
-    outputs, for :meth:`DeferredWrites.finish` after the call."""
+    outputs, for :meth:`DeferredWrites.finish` after the call. ``device_copies``:
+    the client keeps device copies of inputs; the input's new (padded) value
+    is an extra output too, marked :data:`DEVICE_ONLY_RESULT`."""
     found = _functional_writes(gm, input_writes)
     if not found:  # read before the outputs: a graph may return one node, not a tuple
         return gm, None
@@ -228,7 +243,11 @@ def defer_input_writes(
         if not _operands_are_tensors(value):
             continue
         args = torch.fx.node.map_arg(value.args[1:], as_output)
-        writes.append(DeferredWrite(index, IN_PLACE_FORMS[value.target], args, dict(value.kwargs)))
+        device_value = None
+        if device_copies:
+            value.meta[DEVICE_ONLY_RESULT] = True
+            device_value = as_output(value)
+        writes.append(DeferredWrite(index, IN_PLACE_FORMS[value.target], args, dict(value.kwargs), device_value))
         results[position] = value.args[0]
     if not writes:
         return gm, None

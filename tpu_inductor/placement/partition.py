@@ -32,6 +32,7 @@ from torch.fx.passes.infra.partitioner import Partition
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, topo_sort
 
 from tpu_inductor.passes.eager_views_as_reshape import eager_views_as_reshape
+from tpu_inductor.passes.input_writes_in_place import DEVICE_COPY, DEVICE_ONLY_RESULT
 from tpu_inductor.placement.placement import Placement
 
 
@@ -104,6 +105,23 @@ class Island:
     results may be kept between calls."""
     executable: Any = None
     """Set once the island is compiled."""
+
+
+def device_copies_out(island: Island) -> frozenset[int]:
+    """The island's results that only become device copies of written inputs
+    (passes/input_writes_in_place.py): handed on as device buffers, not fetched.
+    Such a result is read outside the island only by the write that keeps it
+    (:data:`DEVICE_COPY`) or, in a padded graph, only returned for the
+    dynamic-shape runtime to keep (:data:`DEVICE_ONLY_RESULT`)."""
+    inside = set(island.nodes)
+
+    def only_a_device_copy(node: torch.fx.Node) -> bool:
+        readers = [user for user in node.users if user not in inside]
+        if node.meta.get(DEVICE_ONLY_RESULT):
+            return bool(readers) and all(r.op == "output" for r in readers)
+        return bool(readers) and all(r.kwargs.get(DEVICE_COPY) is node and node not in r.args for r in readers)
+
+    return frozenset(index for index, node in enumerate(island.outputs) if only_a_device_copy(node))
 
 
 @dataclasses.dataclass

@@ -42,14 +42,14 @@ def keeping_device_copy(op: Any, resident: ResidentBuffers) -> Callable[..., tor
         device_value = kwargs.pop(DEVICE_COPY)
         version_before = target._version
         result = op(target, *args, **kwargs)
-        if not isinstance(device_value, torch.Tensor) and _no_repeats(op, args):
+        if not isinstance(device_value, torch.Tensor) and no_repeated_positions(op, args):
             resident.written(target, version_before, device_value, bumps_after=AOT_COPY_BACK_BUMPS)
         return result
 
     return write
 
 
-def _no_repeats(op: Any, args: Sequence[Any]) -> bool:
+def no_repeated_positions(op: Any, args: Sequence[Any]) -> bool:
     """The write's positions are distinct. Repeated ones would let the host and
     the device differ: a plain write keeps one of the rows, an accumulating
     one adds them in an order of its own (float sums round differently)."""
