@@ -180,6 +180,29 @@ def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy, monke
         assert len(padded_uploads) == 3, uploads
 
 
+def test_a_kept_padded_copy_lives_as_long_as_its_argument_and_only_while_unchanged():
+    from tpu_inductor.dynamic.kept_padding import KeptPadding
+
+    kept = KeptPadding({0})
+    cache = torch.zeros(2, 5)
+    padded = torch.constant_pad_nd(cache, [0, 3], 0)
+    kept.keep(0, cache, padded)
+    rows, positions = torch.ones(2, 1), torch.tensor([1])
+    cache.index_copy_(1, positions, rows)
+    kept.write(0, cache, torch.Tensor.index_copy_, (1, positions, rows), {})
+    cache.copy_(cache)  # AOTAutograd's copy-back of the argument into itself
+    assert kept.reuse(0, cache, [2, 8]) is padded and torch.equal(padded[:, :5], cache)
+    assert kept.reuse(0, cache, [2, 16]) is None  # another bucket
+    cache.add_(1)  # a write of the caller's own
+    assert kept.reuse(0, cache, [2, 8]) is None
+    with torch.inference_mode():  # a copy made under inference_mode is never kept
+        kept.keep(0, cache, torch.constant_pad_nd(cache, [0, 3], 0))
+    assert kept.reuse(0, cache, [2, 8]) is None
+    kept.keep(0, cache, padded)
+    del cache
+    assert not kept._kept  # the argument died: its padded copy is dropped
+
+
 def test_size_functions_compute_what_sympy_substitutes():
     """Sizes a padded graph works out at every call, as generated Python:
     the same values as sympy's substitution, for each kind of size torch makes."""

@@ -56,12 +56,14 @@ class KeptPadding:
         return padded
 
     def keep(self, index: int, argument: torch.Tensor, padded: torch.Tensor) -> None:
-        """Keep ``padded`` (made from ``argument`` for this call)."""
+        """Keep ``padded`` (made from ``argument`` for this call) while ``argument`` lives."""
         version = _version(argument)
-        if version is None:  # an inference tensor tracks no version: nothing proves it unchanged
+        if version is None or padded.is_inference():
+            # An inference tensor tracks no version (nothing proves it unchanged),
+            # and one made under inference_mode cannot be written outside it.
             self._kept.pop(index, None)
             return
-        self._kept[index] = (weakref.ref(argument), version, padded)
+        self._kept[index] = (weakref.ref(argument, _forget(self._kept, index)), version, padded)
 
     def write(
         self,
@@ -89,6 +91,18 @@ class KeptPadding:
         # AOTAutograd then copies the argument into itself: its version moves
         # once more, with no data (as in runtime/resident_writes.py).
         self._kept[index] = (entry[0], _version(argument) + AOT_COPY_BACK_BUMPS, entry[2])
+
+
+def _forget(kept: dict, index: int) -> Callable[[weakref.ref], None]:
+    """Drop the padded copy at ``index`` when its argument dies (a cache freed
+    after ``generate()`` does not stay alive in its padded form)."""
+
+    def callback(dead: weakref.ref) -> None:
+        entry = kept.get(index)
+        if entry is not None and entry[0] is dead:
+            del kept[index]
+
+    return callback
 
 
 def _version(tensor: torch.Tensor) -> Optional[int]:
