@@ -17,7 +17,10 @@ one worker process runs four ``generate`` calls with prompt lengths 7, 12,
 padding, and records: tokens equal to eager's (greedy, exact), XLA compiles
 for all eight calls, decode steps that ran in eager PyTorch after the first
 call (dynamic graphs' eager calls plus nodes placed in eager), and the first
-call's wall time (compiles included). With ``--timing``, steady-state
+call's wall time (compiles included), and the bytes that cross between torch
+and the device per decode token on ``zero_copy=False`` (a TPU's path) beside
+the whole cache's size (``transfers``: a counted, noise-free check that the
+cache is updated on the device side). With ``--timing``, steady-state
 prefill latency and per-token decode latency (and tokens/s) for eager,
 Inductor and tpu, medians of paired rounds (prompt 12; decode = (T(33
 tokens) - T(1 token)) / 32, prefill = T(1 token)), and Inductor's first
@@ -255,12 +258,64 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
     return medians
 
 
+def transfers(arch: str, mode: str) -> dict:
+    """Bytes that cross between torch and the device per decode token on a
+    client that keeps device copies (``zero_copy=False``: the path a TPU
+    takes), beside the size of the whole KV cache: a cache updated on the
+    device side moves its new rows, not itself (issue 20's bar). Prompt 12,
+    batch 1; per token = (bytes for 33 tokens - bytes for 1 token) / 32."""
+    import torch
+
+    from tpu_inductor.runtime import transfer
+
+    moved = {"up": 0, "down": 0}
+    upload, to_torch = transfer.upload, transfer.to_torch
+
+    def counting_upload(tensor, device):
+        moved["up"] += tensor.numel() * tensor.element_size()
+        return upload(tensor, device)
+
+    def counting_download(buffer, platform):
+        result = to_torch(buffer, platform)
+        moved["down"] += result.numel() * result.element_size()
+        return result
+
+    os.environ["TPU_INDUCTOR_ZERO_COPY"] = "0"
+    transfer.upload, transfer.to_torch = counting_upload, counting_download
+    try:
+        torch._dynamo.reset()
+        generate = Generator(arch, mode, "tpu")
+        ids, mask = prompt(12)
+        generate(ids, mask, NEW_TOKENS + 1)  # every compile happens here
+        generate(ids, mask, 1)
+        counts = []
+        for tokens in (1, NEW_TOKENS + 1):
+            moved.update(up=0, down=0)
+            generate(ids, mask, tokens)
+            counts.append(dict(moved))
+    finally:
+        transfer.upload, transfer.to_torch = upload, to_torch
+        del os.environ["TPU_INDUCTOR_ZERO_COPY"]
+    config = generate.model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    cache = 2 * text.num_hidden_layers * heads * head_dim * (12 + NEW_TOKENS + 1) * 4
+    return {
+        "up_per_token": (counts[1]["up"] - counts[0]["up"]) / NEW_TOKENS,
+        "down_per_token": (counts[1]["down"] - counts[0]["down"]) / NEW_TOKENS,
+        "cache_bytes": cache,
+    }
+
+
 def child(arch: str, mode: str, with_timing: bool, rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="generate-cache-") as cache_dir:
         # A fresh cache directory (read through the environment: transformers'
         # CompileConfig passes torch.compile a mode, which excludes options).
         os.environ["TPU_INDUCTOR_CACHE_DIR"] = cache_dir
         result = {"arch": arch, "mode": mode, **correctness(arch, mode)}
+        if DEVICE == "cpu" and mode != "compile_config":  # transformers compiles that one with its own options
+            result["transfers"] = transfers(arch, mode)
         if with_timing:
             result["timing"] = timing(arch, mode, rounds)
     print("RESULT " + json.dumps(result))
@@ -284,7 +339,8 @@ def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) 
 
 def table(rows: list[dict]) -> str:
     header = ["architecture", "mode", "tokens = eager", "XLA compiles (4 calls / with batch 2)",
-              "eager decode steps after call 1", "first call, tpu"]
+              "eager decode steps after call 1", "first call, tpu",
+              "KB per decode token up / down, `zero_copy=False` (whole cache)"]
     timed = any("timing" in r for r in rows)
     if timed:
         header += ["decode ms/token (tokens/s), eager / Inductor / tpu", "tpu vs Inductor (decode)",
@@ -297,7 +353,7 @@ def table(rows: list[dict]) -> str:
             continue
         cells = [r["arch"], r["mode"], "yes" if r["tokens_equal"] else "NO",
                  f"{r['xla_compiles_batch1']} / {r['xla_compiles']}", str(r["eager_steps_after_first"]),
-                 f"{r['first_call_seconds']:.1f} s"]
+                 f"{r['first_call_seconds']:.1f} s", _transfer_cell(r.get("transfers"))]
         if timed:
             t = r.get("timing")
             if t is None:
@@ -312,6 +368,12 @@ def table(rows: list[dict]) -> str:
                 ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _transfer_cell(moved: Optional[dict]) -> str:
+    if not moved:
+        return "-"
+    return f"{moved['up_per_token'] / 1e3:.1f} / {moved['down_per_token'] / 1e3:.1f} ({moved['cache_bytes'] / 1e3:.1f})"
 
 
 def write_docs(text: str) -> None:
