@@ -22,7 +22,8 @@ and the device per decode token on ``zero_copy=False`` (a TPU's path) beside
 the whole cache's size (``transfers``: a counted, noise-free check that the
 cache is updated on the device side). With ``--timing``, steady-state
 prefill latency and per-token decode latency (and tokens/s) for eager,
-Inductor and tpu, medians of paired rounds (prompt 12; decode = (T(33
+Inductor and tpu, medians of paired rounds, the paths' order rotating each
+round (prompt 12; decode = (T(33
 tokens) - T(1 token)) / 32, prefill = T(1 token)), and Inductor's first
 call and Dynamo graph count.
 
@@ -237,8 +238,13 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
                        "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
         generate(ids, mask, 1)
     samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in generators}
-    for _ in range(rounds):
-        for name, generate in generators.items():
+    names = list(generators)
+    for round_index in range(rounds):
+        # The order rotates: a path right after Inductor's ran ~15% slower in
+        # a fixed order (its OpenMP workers still spinning), whichever it was.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            generate = generators[name]
             started = time.perf_counter()
             generate(ids, mask, 1)
             synchronize()
