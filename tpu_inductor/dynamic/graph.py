@@ -37,8 +37,8 @@ from tpu_inductor.dynamic import shape_env_of, symbol_source
 from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
 from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
-from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.dynamic.kept_padding import KeptPadding
+from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.cache import lower_symbolic_cached
 from tpu_inductor.lowering.symbolic import lower_symbolic
@@ -46,11 +46,10 @@ from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.input_writes_in_place import DeferredWrites, InputWrites
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis
 from tpu_inductor.passes.rewrite import runnable_copy
-from tpu_inductor.placement.partition import device_copies_out
-from tpu_inductor.runtime.executable import resident_buffers
-from tpu_inductor.placement.partition import Island, fuse_islands
+from tpu_inductor.placement.partition import Island, device_copies_out, fuse_islands
 from tpu_inductor.placement.shardings import tensor_inputs
 from tpu_inductor.placement.placement import Decision, record_eager
+from tpu_inductor.runtime.executable import resident_buffers
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
 
 if TYPE_CHECKING:
@@ -103,10 +102,9 @@ class DynamicShapeGraph:
                 if isinstance(n.meta.get("val"), torch.Tensor)
             ],
         )
-        if self._deferred_writes is not None:
-            self.record.inputs_written_in_place = len(self._deferred_writes.writes)
         self._kept_padding = None
         if self._deferred_writes is not None:
+            self.record.inputs_written_in_place = len(self._deferred_writes.writes)
             resident = resident_buffers(context.platform) if facts.keeps_device_copies else None
             self._kept_padding = KeptPadding({w.input_index for w in self._deferred_writes.writes}, resident)
         self.dynamic_record = report.DynamicGraphRecord(

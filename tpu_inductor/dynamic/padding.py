@@ -138,7 +138,8 @@ class ShapeBinding:
             extra = {dim: next(values) - int(tensor.shape[dim]) for dim in dims}
             if not any(extra.values()):
                 continue
-            if kept is not None and index in kept.positions:
+            keeping = kept is not None and index in kept.positions
+            if keeping:
                 shape = [size + extra.get(dim, 0) for dim, size in enumerate(tensor.shape)]
                 reused = kept.reuse(index, tensor, shape)
                 if reused is not None:
@@ -148,7 +149,7 @@ class ShapeBinding:
             for dim in reversed(range(tensor.dim())):
                 widths += [0, extra.get(dim, 0)]
             padded[index] = torch.constant_pad_nd(tensor, widths, 0)
-            if kept is not None and index in kept.positions:
+            if keeping:
                 kept.keep(index, tensor, padded[index])
         for index in self._padded_scalars:
             padded[index] = next(values)
