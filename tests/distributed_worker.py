@@ -26,11 +26,18 @@ def _report() -> dict:
     graphs = tpu_inductor.report.current().graphs
     return {
         "collective_islands": [
-            {"ops": i.ops, "collectives": i.collectives} for g in graphs for i in g.islands if i.lower_source == "collective"
+            {"ops": i.ops, "collectives": i.collectives, "lower_source": i.lower_source}
+            for g in graphs for i in g.islands if _holds_collectives(i)
         ],
         "fallbacks": [f.op for g in graphs for f in g.fallbacks],
-        "compute_islands": sum(i.lower_source != "collective" for g in graphs for i in g.islands),
+        "compute_islands": sum(not _holds_collectives(i) for g in graphs for i in g.islands),
+        "islands_per_graph": [len(g.islands) for g in graphs],
     }
+
+
+def _holds_collectives(island) -> bool:
+    """A collective's own island, or compute with collectives in one program."""
+    return island.lower_source == "collective" or any(op.startswith("_c10d_functional.") for op in island.ops)
 
 
 def collectives(rank: int, world: int) -> dict:

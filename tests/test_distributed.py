@@ -6,8 +6,10 @@ Every scenario runs in the same 2 fresh processes, started once, and the
 subgroup scenarios in 4 (tests/distributed_worker.py); a crash or a hang
 fails every test. Results
 are checked against single-device eager, and the report must show the
-collectives as islands of their own (``lower_source == "collective"``) with
-the collective XLA compiled, and none of them among the fallbacks.
+collectives inside the compiled programs (with the compute around them
+where the graph's collectives share one process group; as islands of their
+own, ``lower_source == "collective"``, where they span several), with the
+collective XLA compiled, and none of them among the fallbacks.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def results(ranks: Path, scenario: str) -> list[dict]:
 
 
 def lowered_collectives(result: dict) -> list[str]:
-    return sorted(name for island in result["collective_islands"] for name in island["collectives"])
+    """Each collective XLA compiled, once per occurrence in the compiled HLO."""
+    return sorted(name for island in result["collective_islands"] for name, n in island["collectives"].items()
+                  for _ in range(n))
 
 
 def no_collective_fell_back(result: dict) -> bool:
@@ -70,10 +74,15 @@ def no_collective_fell_back(result: dict) -> bool:
 
 
 def test_functional_collectives_run_in_xla_across_processes(ranks):
+    """matmul, all_reduce, relu, all_gather, mul, reduce_scatter over one group:
+    one program per rank, the compute and the collectives together."""
     for result in results(ranks, "collectives"):
         assert result["max_diff"] < 1e-5
-        assert len(result["collective_islands"]) == 3
-        assert set(lowered_collectives(result)) <= {"all-reduce", "all-gather", "reduce-scatter"}
+        assert result["islands_per_graph"] == [1]
+        (island,) = result["collective_islands"]
+        assert island["lower_source"] == "torch-mlir"
+        assert {"aten.mm.default", "aten.relu.default", "aten.mul.Tensor"} <= set(island["ops"])
+        assert lowered_collectives(result) == ["all-gather", "all-reduce", "reduce-scatter"]
         assert no_collective_fell_back(result)
 
 
@@ -81,7 +90,8 @@ def test_all_to_all_single_runs_in_xla(ranks):
     for result in results(ranks, "all_to_all"):
         assert result["max_diff"] == 0
         (island,) = result["collective_islands"]
-        assert island["ops"] == {"_c10d_functional.all_to_all_single.default": 1}
+        assert island["ops"]["_c10d_functional.all_to_all_single.default"] == 1
+        assert {"aten.mul.Tensor", "aten.add.Tensor"} <= set(island["ops"])  # the compute around it, in one program
         assert lowered_collectives(result) == ["all-to-all"]
         assert no_collective_fell_back(result)
 
@@ -91,7 +101,11 @@ def test_data_parallel_training_averages_gradients_in_compiled_graphs(ranks, mod
     for result in results(ranks, f"data_parallel:{model}"):
         assert result["losses"] == pytest.approx(result["reference_losses"], rel=1e-5)
         assert result["parameter_diff"] < 1e-5
-        assert lowered_collectives(result).count("all-reduce") >= 4  # one per gradient, at least
+        # Every gradient's all_reduce in one program, which XLA combines into
+        # as few all-reduces as it likes (one, on the CPU client).
+        (island,) = result["collective_islands"]
+        assert island["ops"]["_c10d_functional.all_reduce.default"] == (4 if model == "mlp" else 14)
+        assert 1 <= lowered_collectives(result).count("all-reduce") <= island["ops"]["_c10d_functional.all_reduce.default"]
         assert no_collective_fell_back(result)
 
 
@@ -103,6 +117,11 @@ def test_tensor_parallel_linear_pair_through_dtensor(ranks):
         assert result["parameter_diff"] < 1e-5
         assert "all-reduce" in lowered_collectives(result)  # the rowwise Linear's partial sums
         assert no_collective_fell_back(result)
+        # The forward is one program: both matmuls and the all_reduce between them and the bias.
+        forward = result["collective_islands"][0]
+        assert forward["ops"]["aten.addmm.default"] == 2
+        assert forward["ops"]["_c10d_functional.all_reduce.default"] == 1
+        assert result["islands_per_graph"][0] == 1
 
 
 @pytest.mark.parametrize("model", ["mlp", "transformer"])
@@ -123,7 +142,11 @@ def test_fsdp2_blocks_compile_between_its_hooks(ranks, model):
 def test_collectives_over_subgroups_run_in_xla(four_ranks):
     """all_reduce, all_gather, reduce_scatter and all_to_all over a DeviceMesh's
     dims, then each half of the ranks a graph of its own over its tp group
-    (as pipeline stages do): exactly gloo's results, none through the process group."""
+    (as pipeline stages do): exactly gloo's results, none through the process group.
+
+    The first graph's collectives span the tp and dp groups, so each is an
+    island of its own; a stage's one collective is over one group, so it
+    shares its program with the compute before it."""
     outcomes = results(four_ranks, "subgroups")
     assert len(outcomes) == 4
     for rank, result in enumerate(outcomes):
@@ -131,7 +154,11 @@ def test_collectives_over_subgroups_run_in_xla(four_ranks):
         assert len(result["collective_islands"]) == 5
         assert lowered_collectives(result)
         assert no_collective_fell_back(result)
-        assert result["collective_islands"][-1]["collectives"] == ({"all-reduce": 1} if rank < 2 else {"all-gather": 1})
+        *alone, stage = result["collective_islands"]
+        assert [island["lower_source"] for island in alone] == ["collective"] * 4
+        assert stage["lower_source"] == "torch-mlir"
+        assert stage["ops"]["aten.add.Tensor" if rank < 2 else "aten.sub.Tensor"] == 1
+        assert stage["collectives"] == ({"all-reduce": 1} if rank < 2 else {"all-gather": 1})
 
 
 def test_tensor_parallel_over_one_dim_of_a_2d_mesh(four_ranks):

@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import logging
 import math
-import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -24,12 +23,14 @@ import torch.fx
 
 from tpu_inductor import report, torch_api
 from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
+from tpu_inductor.collective_islands import compile_collective_island, holds_collectives
 from tpu_inductor.config import Config
 from tpu_inductor.dynamic import has_symbolic_inputs
 from tpu_inductor.errors import OutputMismatchError
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
+from tpu_inductor.lowering.with_collectives import lower_with_collectives
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.input_writes_in_place import DEVICE_COPY, WRITES_INPUT, InputWrites
 from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries, run_stages
@@ -445,8 +446,8 @@ def _compile_island(
 ) -> tuple[Any, report.IslandRecord]:
     """One island through both levels of the disk cache: ATen graph -> StableHLO
     -> executable; with a ``layout``, one executable over the mesh's devices."""
-    if island.collective:
-        return _compile_collective(island)
+    if holds_collectives(island):
+        return compile_collective_island(island, context, record)
     lowered, lower_stats = lower_cached(
         island.graph,
         context.disk_cache,
@@ -500,31 +501,10 @@ def compiled_island_record(
     return island_record
 
 
-def _compile_collective(island: Island) -> tuple[Any, report.IslandRecord]:
-    """A functional collective's island: its program over every rank (runtime/collectives.py)."""
-    from tpu_inductor.runtime import collectives, distributed
-
-    started = time.perf_counter()
-    (node,) = (n for n in island.nodes if n.target in collectives.LOWERED)
-    collective = collectives.Collective.of(node)
-    executable = collectives.CollectiveExecutable(
-        collective, distributed.runtime(), f"{island.name} ({collective.describe()})"
-    )
-    island_record = report.IslandRecord(
-        name=island.name,
-        num_nodes=len(island.nodes),
-        compile_source="xla",
-        lower_seconds=0.0,
-        compile_seconds=time.perf_counter() - started,
-        cache_key=collective.describe(),
-        lower_source="collective",
-        ops=hooks.op_counts(island.nodes),
-        collectives=executable.collectives,
-    )
-    return executable, island_record
-
-
 def _probe_lowers(probe: Island, context: CompileContext) -> None:
     """Lower and compile ``probe`` (uncached); raises what torch-mlir or XLA raised."""
+    if holds_collectives(probe):  # lowered only: its program compiles for a group of ranks
+        lower_with_collectives(probe.graph, 1, for_cpu=True, isolate=context.config.isolate_lowering)
+        return
     lowered = lower_to_stablehlo(probe.graph, isolate=context.config.isolate_lowering)
     compile_stablehlo(lowered.module, context.platform, None, isolate=context.config.isolate_lowering)

@@ -28,9 +28,13 @@ The sources, in the order they win (the first that says eager decides):
    ``fails in this graph`` and ``tie order``.
 
 A device node is ``lowers``, ``parameter-only`` (``freeze_parameters``:
-it gets an island of its own whose results are kept), or ``collective``
-(under torchrun, a functional collective: an island of its own, compiled
-by runtime/collectives.py; its ``wait_tensor`` is ``collective done``). After the partition,
+it gets an island of its own whose results are kept), ``collective in
+island`` (under torchrun, a functional collective and its ``wait_tensor``,
+when every collective of the graph runs over one process group: part of an
+island compiled as each rank's program, lowering/with_collectives.py), or
+``collective`` (the graph's collectives span several groups: an island of
+its own, runtime/collectives.py; its ``wait_tensor`` is ``collective
+done``). After the partition,
 device nodes that joined no island (views and 0-d arithmetic, not worth a
 device call) run eagerly as bookkeeping, unrecorded.
 
@@ -59,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ON_DEVICE = ("lowers", "parameter-only", "collective")
+ON_DEVICE = ("lowers", "parameter-only", "collective", "collective in island")
 FALLBACKS = (
     "unsupported",
     "data-dependent",
@@ -98,6 +102,9 @@ class Decision:
 LOWERS = Decision("lowers")
 PARAMETER_ONLY = Decision("parameter-only", "computed from parameters alone; its results are kept")
 COLLECTIVE = Decision("collective", "runs in XLA over every rank's device (PJRT's distributed runtime)")
+COLLECTIVE_IN_ISLAND = Decision(
+    "collective in island", "runs in XLA inside its island's program, over its process group's ranks"
+)
 COLLECTIVE_DONE = Decision("collective done", "the collective it waits for ran in XLA: nothing to wait for")
 INPUT_WRITTEN = Decision(
     "input written in place", "only the rows it writes come from the device (passes/input_writes_in_place.py)"
@@ -142,6 +149,7 @@ def place(
     layout_bound = eager_storage_reads(gm)
     hazards = constant_fold_hazards(gm)
     decisions: dict[torch.fx.Node, Decision] = {}
+    in_islands = _collectives_join_islands(gm)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -154,28 +162,54 @@ def place(
         elif node in chosen:
             decision = Decision("chosen by measurement", chosen[node])
         elif isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "_c10d_functional":
-            decision = _collective(node, decisions) or support.decide(node) or LOWERS
+            decision = _collective(node, decisions, in_islands) or support.decide(node) or LOWERS
         else:
             decision = support.decide(node) or (PARAMETER_ONLY if node in frozen else LOWERS)
         decisions[node] = decision
     return Placement(decisions)
 
 
-def _collective(node: torch.fx.Node, decided: Mapping[torch.fx.Node, Decision]) -> Optional[Decision]:
-    """A functional collective under torchrun runs in XLA over every rank
-    (runtime/collectives.py), and the ``wait_tensor`` on its result has
-    nothing left to wait for; None where the process group keeps it."""
+def _collective(
+    node: torch.fx.Node, decided: Mapping[torch.fx.Node, Decision], in_islands: bool
+) -> Optional[Decision]:
+    """A functional collective under torchrun runs in XLA over its group's
+    ranks: inside an island (``in_islands``) or as one of its own
+    (runtime/collectives.py); the ``wait_tensor`` on its result joins the
+    island or has nothing left to wait for. None where the process group keeps it."""
     from tpu_inductor.runtime import collectives, distributed
 
     if not distributed.active():
         return None
     if node.target is collectives.WAIT:
-        source = node.args[0]
-        return COLLECTIVE_DONE if decided.get(source, LOWERS).why == "collective" else None
+        source = decided.get(node.args[0], LOWERS)
+        if source is COLLECTIVE_IN_ISLAND:
+            return COLLECTIVE_IN_ISLAND
+        return COLLECTIVE_DONE if source.why == "collective" else None
     if node.target not in collectives.LOWERED:
         return None
     why = collectives.why_not_lowered(node)
-    return Decision("unsupported", why) if why else COLLECTIVE
+    if why:
+        return Decision("unsupported", why)
+    return COLLECTIVE_IN_ISLAND if in_islands else COLLECTIVE
+
+
+def _collectives_join_islands(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph's collectives go inside its islands: under torchrun,
+    when every one XLA runs is over the same process group (an island is one
+    program over that group's ranks) and no shape is symbolic."""
+    from tpu_inductor.dynamic import has_symbolic_inputs
+    from tpu_inductor.runtime import collectives, distributed
+
+    if not distributed.active():
+        return False
+    if has_symbolic_inputs([node.meta.get("val") for node in gm.graph.find_nodes(op="placeholder")]):
+        return False
+    groups = {
+        collectives.Collective.of(node).ranks
+        for node in gm.graph.nodes
+        if node.target in collectives.LOWERED and collectives.why_not_lowered(node) is None
+    }
+    return len(groups) == 1
 
 
 # torch-mlir folds these wrongly when their input is a 0-d compile-time

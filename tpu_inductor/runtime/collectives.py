@@ -41,26 +41,16 @@ from tpu_inductor.errors import LoweringError, RanksDisagreeError
 from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
+from tpu_inductor.lowering.with_collectives import COLLECTIVES, ELEMENT_TYPES, REDUCTIONS, WAIT
 from tpu_inductor.runtime.executable import spmd_compile_options
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.sharded import collectives as count_collectives
 
 log = logging.getLogger(__name__)
 
-c10d = torch.ops._c10d_functional
-LOWERED = {
-    c10d.all_reduce.default: "all_reduce",
-    c10d.all_gather_into_tensor.default: "all_gather_into_tensor",
-    c10d.reduce_scatter_tensor.default: "reduce_scatter_tensor",
-    c10d.all_to_all_single.default: "all_to_all_single",
-}
-"""The functional collectives that run in XLA; others stay with the process group."""
-WAIT = c10d.wait_tensor.default
-_REDUCTIONS = {"sum": "add", "avg": "add", "max": "maximum", "min": "minimum", "product": "multiply"}
-_MLIR_TYPES = {
-    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.int16: "i16",
-}
+LOWERED = COLLECTIVES
+_REDUCIBLE = frozenset(ELEMENT_TYPES) - {torch.bool, torch.uint8}
+"""The dtypes a collective runs in XLA for."""
 _compiles: dict[tuple[int, ...], itertools.count] = collections.defaultdict(itertools.count)
 """Per process group (its global ranks): how many collectives this rank compiled over it."""
 _RANKS = "ranks"
@@ -110,7 +100,7 @@ def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
     import torch.distributed as dist
 
     value = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    if not isinstance(value, torch.Tensor) or value.dtype not in _MLIR_TYPES or value.dim() == 0:
+    if not isinstance(value, torch.Tensor) or value.dtype not in _REDUCIBLE or value.dim() == 0:
         return "a collective of this value runs through the process group"
     kind = LOWERED[node.target]
     group = _process_group(node)
@@ -121,7 +111,7 @@ def why_not_lowered(node: torch.fx.Node) -> Optional[str]:
             return "an all_to_all_single with uneven splits runs through the process group"
     elif kind != "all_gather_into_tensor":
         reduce_op = node.args[1]
-        if reduce_op not in _REDUCTIONS or (reduce_op == "avg" and not value.dtype.is_floating_point):
+        if reduce_op not in REDUCTIONS or (reduce_op == "avg" and not value.dtype.is_floating_point):
             return f"reduce op {reduce_op!r} of {value.dtype} runs through the process group"
     return None
 
@@ -130,7 +120,7 @@ def _program(collective: Collective, world: int) -> tuple[str, Spec, tuple[int, 
     """The StableHLO text of ``collective`` in the global view (its input is
     the ranks' rows, split over the ``ranks`` axis), the result's spec, and
     the shape of the part of the result each rank gets."""
-    element = _MLIR_TYPES[collective.dtype]
+    element = ELEMENT_TYPES[collective.dtype]
     shape = collective.shape
 
     def tensor(dims: tuple[int, ...]) -> str:
@@ -153,7 +143,7 @@ def _program(collective: Collective, world: int) -> tuple[str, Spec, tuple[int, 
         body = f"%r = stablehlo.reshape %x : ({rows}) -> {tensor(out_shape)}"
         result, local = (None,) * len(out_shape), out_shape
     else:
-        op, out_shape = _REDUCTIONS[collective.reduce_op], shape
+        op, out_shape = REDUCTIONS[collective.reduce_op], shape
         body = (
             f"%init = stablehlo.constant dense<{_identity(op, collective.dtype)}> : tensor<{element}>\n"
             f"    %r = stablehlo.reduce(%x init: %init) applies stablehlo.{op} across dimensions = [0]"
@@ -210,14 +200,14 @@ class CollectiveExecutable:
         self.collective = collective
         self.name = name
         world = len(collective.ranks)
-        _agree_across_ranks(collective, runtime)
+        agree_across_ranks(collective.ranks, collective.describe(), runtime)
         text, result, local_out = _program(collective, world)
         mesh = Mesh(((_RANKS, world),), tuple(runtime.devices[rank] for rank in collective.ranks))
         rows: Spec = (_RANKS,) + (None,) * len(collective.shape)
         module = annotate_shardings(text.encode(), mesh.axes, [rows], [result])
         devices = jaxlib_api.DeviceList(mesh.devices)
-        self._loaded = runtime.client.compile_and_load(module, devices, spmd_compile_options(mesh))
-        self.collectives = count_collectives(self._loaded)
+        self.loaded = runtime.client.compile_and_load(module, devices, spmd_compile_options(mesh))
+        self.collectives = count_collectives(self.loaded)
         self._device = runtime.local_device
         self._aval = jaxlib_api.shaped_array((world, *collective.shape), transfer.numpy_dtype(collective.dtype))
         self._sharding = jaxlib_api.hlo_sharding(devices, mesh.hlo_sharding(rows))
@@ -229,35 +219,52 @@ class CollectiveExecutable:
         local = jaxlib_api.buffer_from_dlpack(to_dlpack(row), self._device, None)
         argument = jaxlib_api.ArrayImpl(self._aval, self._sharding, [local], True, _skip_checks=True)
         # Each rank addresses its one device: one array of the result is its part.
-        ((mine,),) = self._loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
+        ((mine,),) = self.loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
         return [transfer.host_tensor(mine)]
 
     __call__ = run
 
 
-def _agree_across_ranks(collective: Collective, runtime: DistributedRuntime) -> None:
-    """Every rank of the group compiles the same collective as its n-th one
-    over that group, or all get an error naming both."""
+def agree_across_ranks(ranks: tuple[int, ...], description: str, runtime: DistributedRuntime) -> None:
+    """Every rank of the group (``ranks``) compiles the same collectives
+    (``description``) as its n-th program over that group, or all get an
+    error naming what each compiles."""
     import datetime
 
     shared = store()
-    group = ",".join(map(str, collective.ranks))
-    number = next(_compiles[collective.ranks])
+    group = ",".join(map(str, ranks))
+    number = next(_compiles[ranks])
     key = f"tpu_inductor/collective/{group}/{number}"
-    shared.set(f"{key}/{runtime.rank}", collective.describe())
-    keys = [f"{key}/{rank}" for rank in collective.ranks]
+    shared.set(f"{key}/{runtime.rank}", description)
+    keys = [f"{key}/{rank}" for rank in ranks]
     try:
         shared.wait(keys, datetime.timedelta(seconds=60))
     except Exception:
         raise RanksDisagreeError(
-            f"tpu_inductor: rank {runtime.rank} compiles {collective.describe()} as its collective #{number}, "
+            f"tpu_inductor: rank {runtime.rank} compiles {description} as its collective #{number}, "
             f"and not every rank of its group reached a collective #{number} within 60 s: "
             "the ranks traced different graphs"
         ) from None
-    seen = {rank: shared.get(k).decode() for rank, k in zip(collective.ranks, keys)}
+    seen = {rank: shared.get(k).decode() for rank, k in zip(ranks, keys)}
     if len(set(seen.values())) > 1:
         which = "; ".join(f"rank {rank}: {what}" for rank, what in seen.items())
         raise RanksDisagreeError(
             f"tpu_inductor: the ranks traced different graphs: their collective #{number} differs ({which}). "
             "Every rank must run the same compiled collectives in the same order."
         )
+
+
+def compile_for_group(module: bytes, ranks: tuple[int, ...], runtime: DistributedRuntime) -> Any:
+    """``module``, one rank's program whose collectives run over ``ranks``
+    (lowering/with_collectives.py), compiled with one replica per rank of the
+    group, replica ``i`` on group rank ``i``'s device."""
+    import numpy as np
+
+    devices = [runtime.devices[rank] for rank in ranks]
+    options = jaxlib_api.CompileOptions()
+    options.num_replicas = len(devices)
+    options.num_partitions = 1
+    options.device_assignment = jaxlib_api.DeviceAssignment.create(
+        np.array([[device.id] for device in devices], dtype=np.int32)
+    )
+    return runtime.client.compile_and_load(module, jaxlib_api.DeviceList(tuple(devices)), options)

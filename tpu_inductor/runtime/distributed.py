@@ -51,6 +51,14 @@ class DistributedRuntime:
     def local_device(self) -> Any:
         return self.client.local_devices()[0]
 
+    @property
+    def platform(self) -> Any:
+        """This rank's device as a :class:`~tpu_inductor.runtime.platform.Platform`
+        (the CPU client: its memory is shared with torch)."""
+        from tpu_inductor.runtime.platform import Platform
+
+        return Platform("cpu", self.client, self.local_device)
+
 
 _runtime: Optional[DistributedRuntime] = None
 

@@ -1,0 +1,78 @@
+"""An island that holds functional collectives lowers to one program per rank
+(lowering/with_collectives.py): the compute between its collectives through
+torch-mlir, the collectives as StableHLO ops over replicas.
+
+Run here in one process on a CPU client with two devices, one replica per
+device, so the program's numbers are checked without torchrun; the same
+programs across processes are tests/test_distributed.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils.dlpack import to_dlpack
+
+from tpu_inductor.lowering.with_collectives import lower_with_collectives
+from tpu_inductor.reporting.files import stablehlo_text
+from tpu_inductor.runtime import jaxlib_api, transfer
+from tpu_inductor.runtime.collectives import compile_for_group
+from tpu_inductor.runtime.distributed import DistributedRuntime
+
+c10d = torch.ops._c10d_functional
+RANKS = 2
+
+
+def step(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compute, all_reduce, compute, all_gather, compute, reduce_scatter (avg),
+    with work that depends on no collective on the side."""
+    y = c10d.wait_tensor(c10d.all_reduce(x @ w, "sum", "group"))
+    side = (x * 3).sum(1, keepdim=True)
+    gathered = c10d.wait_tensor(c10d.all_gather_into_tensor(y.relu(), RANKS, "group"))
+    scattered = c10d.wait_tensor(c10d.reduce_scatter_tensor(gathered * 2, "avg", RANKS, "group"))
+    return scattered + side, y
+
+
+def expected(xs: list[torch.Tensor], w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What each rank gets, the collectives done by hand."""
+    y = sum(x @ w for x in xs)
+    gathered = torch.cat([y.relu()] * RANKS) * 2
+    mean = sum([gathered] * RANKS) / RANKS
+    parts = mean.chunk(RANKS)
+    return [(parts[rank] + (x * 3).sum(1, keepdim=True), y) for rank, x in enumerate(xs)]
+
+
+def test_collectives_and_compute_run_as_one_program_per_rank():
+    torch.manual_seed(0)
+    xs, w = [torch.randn(4, 8) + rank for rank in range(RANKS)], torch.randn(8, 4)
+    gm = make_fx(step, tracing_mode="fake")(xs[0], w)
+    lowered = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False)
+
+    text = stablehlo_text(lowered.module)
+    for op in ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter"):
+        assert text.count(f'"{op}"') == 1
+    assert text.count("replica_groups = dense<[[0, 1]]>") == 3
+    assert text.count("func.func private @segment_") == 4  # the compute between the collectives
+
+    client = jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1)
+    runtime = DistributedRuntime(client, rank=0, world_size=RANKS)
+    loaded = compile_for_group(lowered.module, tuple(range(RANKS)), runtime)
+    devices = runtime.devices
+    # One array per argument holding each replica's own value: under torchrun
+    # each process passes its one device's buffer instead.
+    every_device = jaxlib_api.hlo_sharding(jaxlib_api.DeviceList(devices), "{replicated}")
+    arguments = [
+        jaxlib_api.ArrayImpl(
+            jaxlib_api.shaped_array(values[0].shape, transfer.numpy_dtype(values[0].dtype)),
+            every_device,
+            [jaxlib_api.buffer_from_dlpack(to_dlpack(value), device, None) for value, device in zip(values, devices)],
+            True,
+            _skip_checks=True,
+        )
+        for values in (xs, [w] * RANKS)
+    ]
+    results = loaded.execute_sharded(arguments).disassemble_into_single_device_arrays()
+    for rank, want in enumerate(expected(xs, w)):
+        got = [transfer.host_tensor(per_device[rank]) for per_device in results]
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
