@@ -521,3 +521,29 @@ def test_assignment_up_to_a_symbolic_end_compiles():
     for rows in (3, 5, 6):
         x = torch.randn(rows, 4)
         torch.testing.assert_close(fn(x), assign(x))
+
+
+def test_a_size_specialised_mid_trace_lowers_with_one_type_per_dim():
+    """Mistral's batch-2 prefill (#20): its length is specialised to 7 after
+    the rotary tables were traced, so ``cos`` holds ``SymInt(7)`` and its
+    ``unsqueeze`` the int 7. torch-mlir typed the first ``?`` and the second
+    ``7`` and failed with an unresolved target materialization."""
+    from tpu_inductor.lowering.refine import refine_to_static
+    from tpu_inductor.lowering.symbolic import lower_symbolic
+
+    def rotary(x, w):
+        c = x.cos()
+        torch._check(x.shape[1] == 7)
+        return w * c.unsqueeze(1)
+
+    gm = make_fx(rotary, tracing_mode="symbolic")(torch.randn(2, 7, 16), torch.randn(2, 3, 7, 16))
+    sizes = {n.name: n.meta["val"].shape for n in gm.graph.nodes if n.op != "output"}
+    assert isinstance(sizes["cos"][1], torch.SymInt) and type(sizes["unsqueeze"][2]) is int
+
+    lowered = lower_symbolic(gm, isolate=False)
+
+    assert "tensor<?x7x?xf32>" in lowered.text.splitlines()[1]  # the constant dim is static
+    for batch in (2, 5):
+        assert "?" not in refine_to_static(lowered.text, [(batch, 7, 16), (batch, 3, 7, 16)], {})
+    # Only the import saw the ints: the graph's metadata is as traced.
+    assert isinstance(gm.graph.find_nodes(op="placeholder")[0].meta["val"].shape[1], torch.SymInt)

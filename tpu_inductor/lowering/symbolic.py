@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
+from tpu_inductor.lowering.constant_sizes import constant_sizes_as_ints
 from tpu_inductor.lowering.pipelines import to_stablehlo
 
 _NUMBERS = (*SYMBOLIC_TYPES, int, float, bool)
@@ -43,7 +44,10 @@ def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main", *, isolate: boo
     from torch_mlir import fx as torch_mlir_fx
 
     started = time.perf_counter()
-    module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
+    # A size specialised mid-trace must read as one static dim everywhere
+    # (constant_sizes.py), or torch-mlir mixes ``?`` and ``7`` on one dim.
+    with constant_sizes_as_ints(gm):
+        module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
     lowered = to_stablehlo(module, isolate=isolate, fix_up=False, text=True, label=" (dynamic shapes)")
     return SymbolicModule(
         text=lowered["text"],
