@@ -15,8 +15,9 @@ download. For each architecture and way of generating:
 one worker process runs four ``generate`` calls with prompt lengths 7, 12,
 15 and 20 and 32 new tokens each, at batch 1 and at batch 2 with left
 padding, and records: tokens equal to eager's (greedy, exact), XLA compiles
-for all eight calls, decode steps that ran in eager PyTorch after the first
-call (dynamic graphs' eager calls plus nodes placed in eager), and the first
+for all eight calls, steps (prefill or decode) that ran in eager PyTorch after
+the first call (dynamic graphs' eager calls, nodes placed in eager, and
+``forward`` calls Dynamo ran in eager past its recompile limit), and the first
 call's wall time (compiles included), and the bytes that cross between torch
 and the device per decode token on ``zero_copy=False`` (a TPU's path) beside
 the whole cache's size (``transfers``: a counted, noise-free check that the
@@ -163,17 +164,49 @@ class Generator:
 
 
 def dynamo_gave_up() -> int:
-    """Frames Dynamo ran in eager because it hit its recompile limit (those
-    calls never reach a backend, so they count as steps in eager)."""
+    """Times Dynamo hit its recompile limit. It counts the first call only:
+    from then on it runs every call of that code that no cached trace accepts
+    in eager without counting it (``FrameAction.RUN_ONLY``); :class:`EagerFrames`
+    counts each."""
     import torch._dynamo.utils
 
     return sum(n for why, n in torch._dynamo.utils.counters["unimplemented"].items() if "recompile limit" in why)
 
 
-def _eager_steps(report) -> int:
+def compiled_graph_calls() -> int:
+    """Calls that reached a graph the tpu backend compiled (a dynamic graph's
+    eager calls included: those are counted by the graph)."""
+    import tpu_inductor.report as report
+
+    current = report.current()
+    return sum(g.executions for g in current.graphs) + sum(d.device_calls + d.eager_calls for d in current.dynamic_graphs)
+
+
+class EagerFrames:
+    """Counts the calls of a :class:`Generator`'s compiled ``forward`` (backend
+    "tpu") that reached none of the backend's graphs: Dynamo ran them in eager,
+    past its recompile limit. Wraps ``generator.forward`` (and ``model.forward``)."""
+
+    def __init__(self, generator: "Generator") -> None:
+        self.count = 0
+        compiled = generator.forward
+
+        def forward(*args, **kwargs):
+            before = compiled_graph_calls()
+            result = compiled(*args, **kwargs)
+            if compiled_graph_calls() == before:
+                self.count += 1
+            return result
+
+        generator.forward = generator.model.forward = forward
+
+
+def _eager_steps(report, frames: Optional[EagerFrames]) -> int:
     """Calls of dynamic graphs that ran in eager, nodes placed in eager, and
-    frames Dynamo gave up on."""
-    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks()) + dynamo_gave_up()
+    frames Dynamo ran in eager (each one where ``frames`` counts them; else
+    the times it hit its limit)."""
+    gave_up = frames.count if frames is not None else dynamo_gave_up()
+    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks()) + gave_up
 
 
 def correctness(arch: str, mode: str) -> dict:
@@ -185,19 +218,21 @@ def correctness(arch: str, mode: str) -> dict:
     expected = [eager(*prompt(length, batch)) for length, batch in calls]
     report.reset()
     tpu = Generator(arch, mode, "tpu")
+    # transformers compiles compile_config's decode step itself, not forward.
+    frames = EagerFrames(tpu) if mode != "compile_config" else None
     rows = []
     compiles_batch1 = 0
     for (length, batch), want in zip(calls, expected):
         if batch == 2 and not compiles_batch1:
             compiles_batch1 = report.compile_counts()["xla_compiles"]
-        before = _eager_steps(report.current())
+        before = _eager_steps(report.current(), frames)
         started = time.perf_counter()
         got = tpu(*prompt(length, batch))
         synchronize()
         rows.append({
             "prompt": length, "batch": batch, "seconds": time.perf_counter() - started,
             "equal": bool(got.shape == want.shape and (got == want).all()),
-            "eager_steps": _eager_steps(report.current()) - before,
+            "eager_steps": _eager_steps(report.current(), frames) - before,
         })
     counts = report.compile_counts()
     return {
