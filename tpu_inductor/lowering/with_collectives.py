@@ -49,10 +49,6 @@ ELEMENT_TYPES = {
 """torch dtype -> the element type torch-mlir gives it in StableHLO."""
 
 
-def holds_collectives(gm: torch.fx.GraphModule) -> bool:
-    return any(node.target in COLLECTIVES for node in gm.graph.nodes)
-
-
 def tensor_type(value: torch.Tensor) -> str:
     """``tensor<4x8xf32>``: the MLIR type of a static-shaped tensor."""
     if value.dtype not in ELEMENT_TYPES:
