@@ -32,6 +32,7 @@ def _report() -> dict:
         "fallbacks": [f.op for g in graphs for f in g.fallbacks],
         "compute_islands": sum(not _holds_collectives(i) for g in graphs for i in g.islands),
         "islands_per_graph": [len(g.islands) for g in graphs],
+        "summary": str(tpu_inductor.report.current()),
     }
 
 

@@ -84,6 +84,7 @@ def test_functional_collectives_run_in_xla_across_processes(ranks):
         assert {"aten.mm.default", "aten.relu.default", "aten.mul.Tensor"} <= set(island["ops"])
         assert lowered_collectives(result) == ["all-gather", "all-reduce", "reduce-scatter"]
         assert no_collective_fell_back(result)
+        assert "1 island, 0 eager, across ranks (all-gather x1, all-reduce x1, reduce-scatter x1)" in result["summary"]
 
 
 def test_all_to_all_single_runs_in_xla(ranks):

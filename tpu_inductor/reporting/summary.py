@@ -108,16 +108,18 @@ def _kept(graph: record.GraphRecord) -> str:
     return f", parameter-only work kept ({'/'.join(str(i.executions) for i in kept)} computations)"
 
 
-def _on_mesh(graph: record.GraphRecord) -> str:
-    """``, mesh data=4 (all-reduce x1)``: the mesh and the collectives XLA inserted."""
-    if graph.mesh is None:
-        return ""
+def _collectives(graph: record.GraphRecord) -> str:
+    """``, mesh data=4 (all-reduce x1)``: the mesh and the collectives XLA
+    inserted; under torchrun, ``, across ranks (all-gather x1, all-reduce x1)``:
+    the collectives the graph's programs run between the processes."""
     counts: dict[str, int] = {}
     for island in graph.islands:
         for name, count in (island.collectives or {}).items():
             counts[name] = counts.get(name, 0) + count
-    inserted = ", ".join(f"{name} x{count}" for name, count in sorted(counts.items())) or "no collectives"
-    return f", mesh {graph.mesh} ({inserted})"
+    inserted = ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
+    if graph.mesh is not None:
+        return f", mesh {graph.mesh} ({inserted or 'no collectives'})"
+    return f", across ranks ({inserted})" if inserted else ""
 
 
 def _plural(count: int, word: str) -> str:
@@ -167,7 +169,7 @@ def summarize(report: record.Report) -> str:
             + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
             + _kept(g)
             + (f", {_plural(g.inputs_written_in_place, 'input')} written in place" if g.inputs_written_in_place else "")
-            + _on_mesh(g)
+            + _collectives(g)
             + f", run {g.executions}x"
             for g in report.graphs
         ],
