@@ -41,6 +41,7 @@ Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-do
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -191,6 +192,9 @@ class EagerFrames:
         self.count = 0
         compiled = generator.forward
 
+        # wraps: transformers reads forward's signature to decide what to pass
+        # (logits_to_keep, cache_position); a bare (*args, **kwargs) changes the graphs.
+        @functools.wraps(compiled)
         def forward(*args, **kwargs):
             before = compiled_graph_calls()
             result = compiled(*args, **kwargs)
