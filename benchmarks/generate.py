@@ -384,7 +384,7 @@ def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) 
 
 def table(rows: list[dict]) -> str:
     header = ["architecture", "mode", "tokens = eager", "XLA compiles (4 calls / with batch 2)",
-              "eager decode steps after call 1", "first call, tpu",
+              "steps in eager after call 1 (prefill or decode)", "first call, tpu",
               "KB per decode token up / down, `zero_copy=False` (whole cache)"]
     timed = any("timing" in r for r in rows)
     if timed:
