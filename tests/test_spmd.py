@@ -167,6 +167,32 @@ def test_data_parallel_training_matches_single_device_eager(make):
         assert all_gathered_parameters(hlo(island)) == []
 
 
+def test_parameters_cross_to_the_mesh_once_on_a_copying_client():
+    """``zero_copy=False`` (a TPU's path): each parameter's parts go to the
+    devices once, and again only after an optimizer step changes it; a new
+    batch crosses at every call. Trains against single-device eager."""
+    from tpu_inductor.runtime.executable import resident_buffers
+    from tpu_inductor.runtime.platform import get_platform
+
+    torch.manual_seed(0)
+    model = mlp()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="tpu", options={**DATA4, "zero_copy": False})
+    resident = resident_buffers(get_platform("cpu", zero_copy=False, num_devices=4))
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(8, 16)
+            torch.testing.assert_close(compiled(x), reference(x), **TOLERANCE)
+    assert [resident.uploads[id(p)] for p in model.parameters()] == [1] * 4
+    x, target = _inputs(model)
+    torch.testing.assert_close(train(compiled, x, target, steps=3), train(reference, x, target, steps=3), **TOLERANCE)
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, expected, **TOLERANCE)
+    # Training: the first step's forward and backward read the copies made for
+    # inference; each of the two later steps follows an update: 1 + 2 uploads.
+    assert [resident.uploads[id(p)] for p in model.parameters()] == [3] * 4
+
+
 def test_data_parallel_mlp_backward_has_one_all_reduce_and_no_all_gather():
     torch.manual_seed(0)
     x, target = torch.randn(8, 16), torch.randn(8, 4)

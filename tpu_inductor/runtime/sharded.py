@@ -16,6 +16,7 @@ inserted, for the report.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import re
 from typing import Any, Optional, Sequence
@@ -132,6 +133,8 @@ class ShardedExecutable(DeviceExecutable):
         island that reads it (a backward reading what its forward saved) can
         take it split the same way."""
         devices = jaxlib_api.DeviceList(tuple(mesh.devices))
+        self._devices_key = (id(platform.client), tuple(device.id for device in mesh.devices))
+        """Which devices of which client a kept argument lies on."""
         self._global = [
             (
                 jaxlib_api.shaped_array(spec.shape, transfer.numpy_dtype(spec.dtype)),
@@ -157,8 +160,12 @@ class ShardedExecutable(DeviceExecutable):
             # inside PJRT, so the shapes are checked on every call.
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
                 raise ValueError(f"{self.name}: input {tuple(tensor.shape)} {tensor.dtype}, compiled for {spec}")
-            parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
-            arguments.append(jaxlib_api.ArrayImpl(aval, global_sharding, parts, True))
+            if self._platform.shares_host_memory:
+                arguments.append(self._on_devices(tensor, sharding, aval, global_sharding))
+            else:  # parameters cross to each device once, not at every call
+                layout = (self._devices_key, sharding)
+                make = functools.partial(self._on_devices, tensor, sharding, aval, global_sharding)
+                arguments.append(self._resident.kept(tensor, layout, make))
         results = self._loaded.execute_sharded(arguments).disassemble_into_single_device_arrays()
         outputs = [
             self._to_torch(per_device[0]) if parts is None else self._assemble(per_device, parts, spec)
@@ -167,6 +174,11 @@ class ShardedExecutable(DeviceExecutable):
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
+
+    def _on_devices(self, tensor: torch.Tensor, sharding: Spec, aval: Any, global_sharding: Any) -> Any:
+        """``tensor`` as one array over the mesh: each device's part, as ``sharding`` cuts it."""
+        parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
+        return jaxlib_api.ArrayImpl(aval, global_sharding, parts, True)
 
     def _assemble(self, per_device: Sequence[Any], parts: Parts, spec: Any) -> torch.Tensor:
         """One whole tensor from the parts of a split result."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Hashable, Optional
 
 import numpy as np
 import torch
@@ -39,35 +39,41 @@ from tpu_inductor.runtime.platform import Platform
 class ResidentBuffers:
     """Device copies of host tensors, reused while the tensor is unchanged.
 
-    Keyed by the tensor object (held weakly: an entry dies with its tensor) and
-    validated by the tensor's version counter and data pointer, which change on
-    every in-place write and ``.data`` swap.
+    Keyed by the tensor object (held weakly: an entry dies with its tensor)
+    and by how it lies on the devices (one device, or split or copied over a
+    mesh's: ``layout``), and validated by the tensor's version counter and
+    data pointer, which change on every in-place write and ``.data`` swap.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, int, int, Any]] = {}
+        self._entries: dict[tuple[int, Hashable], tuple[weakref.ref, int, int, Any]] = {}
         self.uploads: collections.Counter[int] = collections.Counter()
         """Uploads per live tensor (by id), for tests and reports."""
 
     def get(self, tensor: torch.Tensor, platform: Platform) -> Any:
+        return self.kept(tensor, (), lambda: upload(tensor, platform.device))
+
+    def kept(self, tensor: torch.Tensor, layout: Hashable, make: Callable[[], Any]) -> Any:
+        """The device value ``make()`` uploads for ``tensor`` laid out as
+        ``layout`` (``()``: on one device), made again only after it changed."""
         version = _version_of(tensor)
         if version is None:  # inference tensors have no version counter
-            return upload(tensor, platform.device)
-        key = id(tensor)
+            return make()
+        key = (id(tensor), layout)
         entry = self._entries.get(key)
         if entry is not None:
-            ref, seen_version, seen_ptr, buffer = entry
+            ref, seen_version, seen_ptr, value = entry
             if ref() is tensor and seen_version == version and seen_ptr == tensor.data_ptr():
-                return buffer
-        buffer = upload(tensor, platform.device)
-        self.uploads[key] += 1
+                return value
+        value = make()
+        self.uploads[id(tensor)] += 1
         self._entries[key] = (
             weakref.ref(tensor, lambda _, key=key: self._forget(key)),
             version,
             tensor.data_ptr(),
-            buffer,
+            value,
         )
-        return buffer
+        return value
 
     def written(self, tensor: torch.Tensor, version_before: int, buffer: Any, bumps_after: int = 0) -> bool:
         """``tensor`` was just written in place (its version was ``version_before``)
@@ -76,7 +82,7 @@ class ResidentBuffers:
         of the whole tensor at the next call. ``bumps_after``: version bumps the
         caller knows follow before the next read (AOTAutograd's copy of a returned
         input into itself, a no-op that counts). Returns whether it was kept."""
-        key = id(tensor)
+        key = (id(tensor), ())
         entry = self._entries.get(key)
         if entry is None:
             return False
@@ -86,10 +92,10 @@ class ResidentBuffers:
         self._entries[key] = (ref, tensor._version + bumps_after, seen_ptr, buffer)
         return True
 
-    def _forget(self, key: int) -> None:
+    def _forget(self, key: tuple[int, Hashable]) -> None:
         """The tensor died: its id may be reused, so drop its entry and count."""
         self._entries.pop(key, None)
-        self.uploads.pop(key, None)
+        self.uploads.pop(key[0], None)
 
 
 class HostViews:
