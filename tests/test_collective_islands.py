@@ -13,10 +13,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.dlpack import to_dlpack
 
+from tpu_inductor.lowering import cache as lowering_cache
 from tpu_inductor.lowering.with_collectives import lower_with_collectives
 from tpu_inductor.reporting.files import stablehlo_text
 from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.collectives import compile_for_group
+from tpu_inductor.runtime.disk_cache import CacheDir
 from tpu_inductor.runtime.distributed import DistributedRuntime
 
 c10d = torch.ops._c10d_functional
@@ -76,3 +78,18 @@ def test_collectives_and_compute_run_as_one_program_per_rank():
         got = [transfer.host_tensor(per_device[rank]) for per_device in results]
         for g, e in zip(got, want):
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_a_restarted_rank_lowers_its_collective_island_from_the_disk_cache(tmp_path, monkeypatch):
+    """Each segment goes through the graph level of the cache: the next
+    process gets the same program without running torch-mlir."""
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(4, 8), torch.randn(8, 4))
+    first = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path))
+
+    def torch_mlir_again(*args, **kwargs):
+        raise AssertionError("torch-mlir ran on a warm cache")
+
+    monkeypatch.setattr(lowering_cache, "lower_to_stablehlo", torch_mlir_again)
+    second = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path))
+    assert second.module == first.module
+    assert len(CacheDir(tmp_path).entries()) == 4  # one per segment

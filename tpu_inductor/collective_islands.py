@@ -44,10 +44,12 @@ def compile_collective_island(island: Island, context: Any, record: report.Graph
         ranks, description = group_of(nodes)
         collectives.agree_across_ranks(ranks, description, runtime)
         lowered = lower_with_collectives(
-            island.graph, len(ranks), for_cpu=True, isolate=context.config.isolate_lowering
+            island.graph, len(ranks), for_cpu=True, isolate=context.config.isolate_lowering,
+            disk_cache=context.disk_cache,
         )
         lower_seconds, lower_source = time.perf_counter() - started, "torch-mlir"
-        loaded = collectives.compile_for_group(lowered.module, ranks, runtime)
+        with report.stage("xla"):
+            loaded = collectives.compile_for_group(lowered.module, ranks, runtime)
         input_specs, output_specs = graph_specs(island.graph)
         executable = DeviceExecutable(
             loaded, runtime.platform, output_specs, name=f"{island.name} ({description})", input_specs=input_specs

@@ -12,7 +12,8 @@ runtime/collectives.py compiles it with one replica per rank of that group.
 
 torch-mlir does not know ``_c10d_functional``, so the island is cut at its
 collectives: the compute between them is lowered by torch-mlir as usual
-(lowering/stablehlo.py), one private function per segment, and ``main``
+(lowering/stablehlo.py, through the graph level of the disk cache), one
+private function per segment, and ``main``
 calls the segments and the collectives in graph order. XLA inlines the
 calls, so it fuses and schedules across them as in any other island.
 ``wait_tensor`` is the identity here: the collective's value is ready where
@@ -21,14 +22,17 @@ the program reads it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 import torch.fx
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from tpu_inductor.errors import LoweringError
-from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
+from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs
+
+if TYPE_CHECKING:
+    from tpu_inductor.runtime.disk_cache import CacheDir
 
 c10d = torch.ops._c10d_functional
 COLLECTIVES = {
@@ -56,11 +60,21 @@ def tensor_type(value: torch.Tensor) -> str:
     return f"tensor<{''.join(f'{int(size)}x' for size in value.shape)}{ELEMENT_TYPES[value.dtype]}>"
 
 
-def lower_with_collectives(gm: torch.fx.GraphModule, group_size: int, *, for_cpu: bool, isolate: bool) -> LoweredModule:
+def lower_with_collectives(
+    gm: torch.fx.GraphModule,
+    group_size: int,
+    *,
+    for_cpu: bool,
+    isolate: bool,
+    disk_cache: Optional[CacheDir] = None,
+) -> LoweredModule:
     """One rank's program for ``gm``, whose collectives all run over one
-    process group of ``group_size`` ranks (replica ``i`` is group rank ``i``)."""
+    process group of ``group_size`` ranks (replica ``i`` is group rank ``i``).
+    Each segment goes through the graph level of ``disk_cache``: a restarted
+    job's ranks skip torch-mlir."""
     from jaxlib.mlir import ir
 
+    from tpu_inductor.lowering.cache import lower_cached
     from tpu_inductor.runtime.jaxlib_api import mlir_context
 
     segments = _segments(gm)
@@ -71,7 +85,7 @@ def lower_with_collectives(gm: torch.fx.GraphModule, group_size: int, *, for_cpu
                 signatures.append(None)
                 continue
             sub_gm, inputs, outputs = fuse_as_graphmodule(gm, nodes, f"segment_{index}", always_return_tuple=True)
-            lowered = lower_to_stablehlo(sub_gm, for_cpu=for_cpu, isolate=isolate)
+            lowered, _ = lower_cached(sub_gm, disk_cache, for_cpu=for_cpu, isolate=isolate)
             text, arguments, results = _as_private_function(ir.Module.parse(lowered.module), f"segment_{index}")
             functions.append(text)
             signatures.append((inputs, outputs, arguments, results))
