@@ -167,12 +167,18 @@ def test_data_parallel_training_matches_single_device_eager(make):
         assert all_gathered_parameters(hlo(island)) == []
 
 
-def test_parameters_cross_to_the_mesh_once_on_a_copying_client():
+def test_parameters_cross_to_the_mesh_once_on_a_copying_client(monkeypatch):
     """``zero_copy=False`` (a TPU's path): each parameter's parts go to the
     devices once, and again only after an optimizer step changes it; a new
-    batch crosses at every call. Trains against single-device eager."""
+    batch crosses at every call; the activations the forward saves stay on the
+    devices for the backward. Trains against single-device eager."""
+    from tpu_inductor.runtime import transfer
     from tpu_inductor.runtime.executable import resident_buffers
     from tpu_inductor.runtime.platform import get_platform
+
+    uploaded: list[tuple[int, ...]] = []
+    upload = transfer.upload
+    monkeypatch.setattr(transfer, "upload", lambda t, device: (uploaded.append(tuple(t.shape)), upload(t, device))[1])
 
     torch.manual_seed(0)
     model = mlp()
@@ -185,12 +191,16 @@ def test_parameters_cross_to_the_mesh_once_on_a_copying_client():
             torch.testing.assert_close(compiled(x), reference(x), **TOLERANCE)
     assert [resident.uploads[id(p)] for p in model.parameters()] == [1] * 4
     x, target = _inputs(model)
+    uploaded.clear()
     torch.testing.assert_close(train(compiled, x, target, steps=3), train(reference, x, target, steps=3), **TOLERANCE)
     for got, expected in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got, expected, **TOLERANCE)
     # Training: the first step's forward and backward read the copies made for
     # inference; each of the two later steps follows an update: 1 + 2 uploads.
     assert [resident.uploads[id(p)] for p in model.parameters()] == [3] * 4
+    # A quarter of the batch per device: the input crosses at the first step,
+    # and no activation the forward saved (8 / 4 rows of 32) crosses back.
+    assert uploaded.count((2, 16)) == 4 and uploaded.count((2, 32)) == 0
 
 
 def test_data_parallel_mlp_backward_has_one_all_reduce_and_no_all_gather():

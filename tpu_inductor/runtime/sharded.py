@@ -171,6 +171,9 @@ class ShardedExecutable(DeviceExecutable):
             self._to_torch(per_device[0]) if parts is None else self._assemble(per_device, parts, spec)
             for per_device, parts, spec in zip(results, self._output_parts, self._output_specs)
         ]
+        if not self._platform.shares_host_memory:
+            for output, per_device, layout in zip(outputs, results, self.output_layouts):
+                self._keep_on_devices(output, per_device, layout)
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
@@ -179,6 +182,27 @@ class ShardedExecutable(DeviceExecutable):
         """``tensor`` as one array over the mesh: each device's part, as ``sharding`` cuts it."""
         parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
         return jaxlib_api.ArrayImpl(aval, global_sharding, parts, True)
+
+    def _keep_on_devices(self, output: torch.Tensor, per_device: Sequence[Any], layout: Optional[Spec]) -> None:
+        """On a client that copies, a result's parts stay on the devices as its
+        device copy: an island that reads it split the same way (a backward
+        reading what its forward saved) takes them instead of an upload."""
+        if layout is None:
+            return
+        sizes = [self._mesh.axis_size(axis) if axis else 1 for axis in layout]
+        if any(size % count for size, count in zip(output.shape, sizes)):
+            return  # XLA pads an uneven tile: its parts are not what Mesh.shard cuts
+        part_shape = tuple(size // count for size, count in zip(output.shape, sizes))
+        if any(tuple(part.shape) != part_shape for part in per_device):
+            return
+        devices = jaxlib_api.DeviceList(tuple(self._mesh.devices))
+        value = jaxlib_api.ArrayImpl(
+            jaxlib_api.shaped_array(tuple(output.shape), transfer.numpy_dtype(output.dtype)),
+            jaxlib_api.hlo_sharding(devices, self._mesh.hlo_sharding(layout)),
+            list(per_device),
+            True,
+        )
+        self._resident.remember(output, (self._devices_key, layout), value)
 
     def _assemble(self, per_device: Sequence[Any], parts: Parts, spec: Any) -> torch.Tensor:
         """One whole tensor from the parts of a split result."""

@@ -75,6 +75,16 @@ class ResidentBuffers:
         )
         return value
 
+    def remember(self, tensor: torch.Tensor, layout: Hashable, value: Any) -> None:
+        """``value`` holds ``tensor``'s current values on the devices (a result
+        the device computed): an island that reads ``tensor`` laid out as
+        ``layout`` takes it instead of an upload, while the tensor is unchanged."""
+        version = _version_of(tensor)
+        if version is None:
+            return
+        key = (id(tensor), layout)
+        self._entries[key] = (weakref.ref(tensor, lambda _, key=key: self._forget(key)), version, tensor.data_ptr(), value)
+
     def written(self, tensor: torch.Tensor, version_before: int, buffer: Any, bumps_after: int = 0) -> bool:
         """``tensor`` was just written in place (its version was ``version_before``)
         and ``buffer`` holds its new value on the device: where the device copy was
