@@ -8,6 +8,8 @@ float32 defaults (identical ops, only the transfer differs).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -109,6 +111,33 @@ def test_optimizer_step_reuploads_exactly_the_changed_parameters():
         changed = any(parameter is p for p in trained)
         # 3 steps: first upload, then one per in-place update, then the final call.
         assert counts[id(parameter)] == (4 if changed else 1)
+
+
+def test_a_saved_activation_stays_on_the_device_for_the_backward(monkeypatch):
+    """The forward's results keep their device buffers as their device
+    copies: the backward reads the activations the forward saved without an
+    upload. Trains against eager."""
+    from tpu_inductor.runtime import transfer
+
+    uploaded: list[tuple[int, ...]] = []
+    upload = transfer.upload
+    monkeypatch.setattr(transfer, "upload", lambda t, device: (uploaded.append(tuple(t.shape)), upload(t, device))[1])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="tpu", options=COPY_OPTIONS)
+    x = torch.randn(8, 32)
+    for _ in range(3):
+        for m in (compiled, reference):
+            m(x).square().mean().backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, expected)
+    assert uploaded.count((8, 32)) == 1  # the input, once
+    assert uploaded.count((8, 64)) == 0, uploaded  # the saved activation never crosses back
 
 
 def test_in_place_buffer_update_is_reuploaded():

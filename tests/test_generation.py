@@ -124,7 +124,7 @@ def test_a_static_cache_crosses_to_the_device_once_per_generate(monkeypatch):
     """On a client that keeps device copies (``zero_copy=False``, a TPU's path),
     each decode step writes its new key/value rows into the cache on the host
     and into its device copy (passes/input_writes_in_place.py,
-    runtime/resident_writes.py): the cache is uploaded at the prefill and the
+    runtime/resident_writes.py): the cache is uploaded at most at the prefill and the
     first decode step, not once per token (before, every step uploaded and
     downloaded all of it). The cache is preallocated at one length, as a
     server keeps it, so the decode step is one static graph."""
@@ -151,7 +151,9 @@ def test_a_static_cache_crosses_to_the_device_once_per_generate(monkeypatch):
         want = generate(models[None], length)
         uploads.clear()
         assert torch.equal(generate(models["tpu"], length), want)
-        # keys and values of each layer, at the prefill and at the first decode step
-        assert 0 < uploads.count(cache_shape) <= 2 * 2 * layers, uploads
+        # At most the keys and values of each layer at the prefill and the first
+        # decode step; transformers 5 makes the cache inside the compiled
+        # prefill, whose results keep their device buffers: then none at all.
+        assert uploads.count(cache_shape) <= 2 * 2 * layers, uploads
     decode = [g for g in report.current().graphs if g.inputs_written_in_place]
     assert decode and all(g.inputs_written_in_place == 2 * layers for g in decode)

@@ -100,6 +100,12 @@ class DeviceExecutable:
         results = self._loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
         device_only = self._device_only
         outputs = [r[0] if i in device_only else transfer.to_torch(r[0], platform) for i, r in enumerate(results)]
+        if platform.keeps_device_copies:
+            # Each result's buffer is its device copy: an island that reads it
+            # (a backward reading what its forward saved) takes it, not an upload.
+            for i, (output, result) in enumerate(zip(outputs, results)):
+                if i not in device_only:
+                    resident.remember(output, (), result[0])
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs

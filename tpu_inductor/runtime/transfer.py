@@ -18,7 +18,10 @@ each tensor for as long as the tensor is alive and unchanged: parameters and
 buffers cross once, and again only after an in-place update (an optimizer
 step, BatchNorm's running stats) bumps their version counter, unless the
 update was a graph's write whose new value the device computed and kept
-(runtime/resident_writes.py: a KV cache crosses once, not every step).
+(runtime/resident_writes.py: a KV cache crosses once, not every step). A
+result keeps the buffer the device computed it in as its device copy
+(:meth:`ResidentBuffers.remember`), so what the device made never crosses
+back up: a forward's saved activations, read by its backward.
 """
 
 from __future__ import annotations
