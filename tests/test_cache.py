@@ -148,6 +148,24 @@ def test_xla_flags_are_part_of_the_key(tmp_path, monkeypatch):
     assert_warm(tmp_path)
 
 
+def test_the_xla_thread_count_is_part_of_the_executable_key(tmp_path):
+    """XLA:CPU compiles its loop splits for the pool size, so an executable
+    made for another thread count is a miss that says the platform changed."""
+    import dataclasses
+
+    from tpu_inductor.runtime.disk_cache import CacheDir
+    from tpu_inductor.runtime.executable import executable_key
+    from tpu_inductor.runtime.platform import get_platform
+
+    platform = get_platform("cpu")
+    other = dataclasses.replace(platform, xla_threads=(platform.xla_threads or 1) + 1)
+    cache = CacheDir(tmp_path)
+    cache.store("executables", executable_key(b"module", [], platform), {"executable.bin": b"x"}, 1.0)
+    assert cache.load("executables", executable_key(b"module", [], platform), lambda files: files).hit
+    lookup = cache.load("executables", executable_key(b"module", [], other), lambda files: files)
+    assert not lookup.hit and lookup.reason == "platform changed"
+
+
 def test_version_change(tmp_path, monkeypatch, caplog):
     run(tmp_path)
     newer = {**versions.component_versions(), "torch-mlir": "29990101"}

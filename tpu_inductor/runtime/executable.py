@@ -187,6 +187,10 @@ def executable_key(
                 "platform": platform.name,
                 "device_kind": platform.device_kind,
                 "platform_version": platform.version,
+                # XLA:CPU splits loops for the pool it compiles for
+                # (outer_dimension_partitions): an executable made for 1
+                # thread runs 1-way in a process with 8.
+                "xla_threads": platform.xla_threads,
             },
             "options": {
                 "compile_options_sha256": _compile_options_digest(mesh),
