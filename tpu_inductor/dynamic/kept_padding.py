@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from tpu_inductor.runtime.resident_writes import AOT_COPY_BACK_BUMPS, no_repeated_positions
-from tpu_inductor.runtime.transfer import ResidentBuffers
+from tpu_inductor.runtime.transfer import ResidentBuffers, version_of
 
 
 class KeptPadding:
@@ -51,13 +51,13 @@ class KeptPadding:
         if entry is None:
             return None
         ref, version, padded = entry
-        if ref() is not argument or _version(argument) != version or list(padded.shape) != shape:
+        if ref() is not argument or version_of(argument) != version or list(padded.shape) != shape:
             return None
         return padded
 
     def keep(self, index: int, argument: torch.Tensor, padded: torch.Tensor) -> None:
         """Keep ``padded`` (made from ``argument`` for this call) while ``argument`` lives."""
-        version = _version(argument)
+        version = version_of(argument)
         if version is None or padded.is_inference():
             # An inference tensor tracks no version (nothing proves it unchanged),
             # and one made under inference_mode cannot be written outside it.
@@ -90,7 +90,7 @@ class KeptPadding:
                 self._resident.written(padded, version_before, device_value)
         # AOTAutograd then copies the argument into itself: its version moves
         # once more, with no data (as in runtime/resident_writes.py).
-        self._kept[index] = (entry[0], _version(argument) + AOT_COPY_BACK_BUMPS, entry[2])
+        self._kept[index] = (entry[0], version_of(argument) + AOT_COPY_BACK_BUMPS, entry[2])
 
 
 def _forget(kept: dict, index: int) -> Callable[[weakref.ref], None]:
@@ -103,7 +103,3 @@ def _forget(kept: dict, index: int) -> Callable[[weakref.ref], None]:
             del kept[index]
 
     return callback
-
-
-def _version(tensor: torch.Tensor) -> Optional[int]:
-    return None if tensor.is_inference() else tensor._version

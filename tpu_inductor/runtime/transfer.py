@@ -59,30 +59,24 @@ class ResidentBuffers:
     def kept(self, tensor: torch.Tensor, layout: Hashable, make: Callable[[], Any]) -> Any:
         """The device value ``make()`` uploads for ``tensor`` laid out as
         ``layout`` (``()``: on one device), made again only after it changed."""
-        version = _version_of(tensor)
+        version = version_of(tensor)
         if version is None:  # inference tensors have no version counter
             return make()
-        key = (id(tensor), layout)
-        entry = self._entries.get(key)
+        entry = self._entries.get((id(tensor), layout))
         if entry is not None:
             ref, seen_version, seen_ptr, value = entry
             if ref() is tensor and seen_version == version and seen_ptr == tensor.data_ptr():
                 return value
         value = make()
         self.uploads[id(tensor)] += 1
-        self._entries[key] = (
-            weakref.ref(tensor, lambda _, key=key: self._forget(key)),
-            version,
-            tensor.data_ptr(),
-            value,
-        )
+        self.remember(tensor, layout, value)
         return value
 
     def remember(self, tensor: torch.Tensor, layout: Hashable, value: Any) -> None:
-        """``value`` holds ``tensor``'s current values on the devices (a result
-        the device computed): an island that reads ``tensor`` laid out as
-        ``layout`` takes it instead of an upload, while the tensor is unchanged."""
-        version = _version_of(tensor)
+        """``value`` holds ``tensor``'s current values on the devices (an upload,
+        or a result the device computed): an island that reads ``tensor`` laid
+        out as ``layout`` takes it instead of an upload, while the tensor is unchanged."""
+        version = version_of(tensor)
         if version is None:
             return
         key = (id(tensor), layout)
@@ -231,7 +225,8 @@ def host_tensor(array: Any) -> torch.Tensor:
     return torch_api.tensor_from_dlpack(jaxlib_api.dlpack_from_buffer(array))
 
 
-def _version_of(tensor: torch.Tensor) -> Optional[int]:
+def version_of(tensor: torch.Tensor) -> Optional[int]:
+    """``tensor``'s version counter; None for an inference tensor, which has none."""
     if tensor.is_inference():
         return None
     return tensor._version
