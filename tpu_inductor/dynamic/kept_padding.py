@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from tpu_inductor.runtime.resident_writes import AOT_COPY_BACK_BUMPS, no_repeated_positions
+from tpu_inductor.runtime.resident_writes import AOT_COPY_BACK_BUMPS, keep_written
 from tpu_inductor.runtime.transfer import ResidentBuffers, version_of
 
 
@@ -85,9 +85,8 @@ class KeptPadding:
         padded = entry[2]
         version_before = padded._version
         op(padded, *args, **kwargs)
-        if self._resident is not None and not isinstance(device_value, (torch.Tensor, type(None))):
-            if no_repeated_positions(op, args):
-                self._resident.written(padded, version_before, device_value)
+        if self._resident is not None:
+            keep_written(self._resident, padded, version_before, device_value, op, args)
         # AOTAutograd then copies the argument into itself: its version moves
         # once more, with no data (as in runtime/resident_writes.py).
         self._kept[index] = (entry[0], version_of(argument) + AOT_COPY_BACK_BUMPS, entry[2])

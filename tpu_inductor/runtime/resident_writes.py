@@ -42,14 +42,32 @@ def keeping_device_copy(op: Any, resident: ResidentBuffers) -> Callable[..., tor
         device_value = kwargs.pop(DEVICE_COPY)
         version_before = target._version
         result = op(target, *args, **kwargs)
-        if not isinstance(device_value, torch.Tensor) and no_repeated_positions(op, args):
-            resident.written(target, version_before, device_value, bumps_after=AOT_COPY_BACK_BUMPS)
+        keep_written(resident, target, version_before, device_value, op, args, bumps_after=AOT_COPY_BACK_BUMPS)
         return result
 
     return write
 
 
-def no_repeated_positions(op: Any, args: Sequence[Any]) -> bool:
+def keep_written(
+    resident: ResidentBuffers,
+    target: torch.Tensor,
+    version_before: int,
+    device_value: Any,
+    op: Any,
+    args: Sequence[Any],
+    bumps_after: int = 0,
+) -> None:
+    """After ``op(target, *args)`` wrote ``target`` on the host: keep
+    ``device_value`` (the device's new value of it, a buffer; a tensor where the
+    island ran eagerly, or None, keeps nothing) as its device copy, where the
+    write's positions are distinct (:meth:`ResidentBuffers.written` says the rest)."""
+    if device_value is None or isinstance(device_value, torch.Tensor):
+        return
+    if _no_repeated_positions(op, args):
+        resident.written(target, version_before, device_value, bumps_after=bumps_after)
+
+
+def _no_repeated_positions(op: Any, args: Sequence[Any]) -> bool:
     """The write's positions are distinct. Repeated ones would let the host and
     the device differ: a plain write keeps one of the rows, an accumulating
     one adds them in an order of its own (float sums round differently)."""
