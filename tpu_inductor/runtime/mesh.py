@@ -89,14 +89,17 @@ class Mesh:
         suffix = " last_tile_dim_replicate" if replicated > 1 else ""
         return f"{{devices=[{','.join(map(str, tiles))}]{','.join(map(str, ids))}{suffix}}}"
 
+    def shard_shape(self, shape: Sequence[int], spec: Spec) -> tuple[int, ...]:
+        """The shape of the part of a ``shape`` tensor each device holds, split as ``spec``."""
+        return tuple(size // self.axis_size(axis) if axis is not None else size for size, axis in zip(shape, spec))
+
     def shard(self, tensor: torch.Tensor, spec: Spec, device_index: int) -> torch.Tensor:
         """The part of ``tensor`` (a view) that device ``device_index`` of the mesh holds."""
         coordinate = np.unravel_index(device_index, [size for _, size in self.axes])
         position = dict(zip(self.names, (int(c) for c in coordinate)))
         part = tensor
-        for dim, axis in enumerate(spec):
+        for dim, (axis, length) in enumerate(zip(spec, self.shard_shape(tensor.shape, spec))):
             if axis is not None:
-                length = tensor.shape[dim] // self.axis_size(axis)
                 part = part.narrow(dim, position[axis] * length, length)
         return part
 

@@ -135,13 +135,21 @@ class ShardedExecutable(DeviceExecutable):
         devices = jaxlib_api.DeviceList(tuple(mesh.devices))
         self._devices_key = (id(platform.client), tuple(device.id for device in mesh.devices))
         """Which devices of which client a kept argument lies on."""
-        self._global = [
-            (
-                jaxlib_api.shaped_array(spec.shape, transfer.numpy_dtype(spec.dtype)),
-                jaxlib_api.hlo_sharding(devices, mesh.hlo_sharding(sharding)),
-            )
-            for spec, sharding in zip(self.input_specs, self._input_shardings)
+
+        def global_array_type(spec: Any, sharding: Spec) -> tuple[Any, Any]:
+            """The aval and sharding of a whole tensor of ``spec`` laid out as ``sharding`` over the mesh."""
+            aval = jaxlib_api.shaped_array(spec.shape, transfer.numpy_dtype(spec.dtype))
+            return aval, jaxlib_api.hlo_sharding(devices, mesh.hlo_sharding(sharding))
+
+        self._global = [global_array_type(s, sharding) for s, sharding in zip(self.input_specs, self._input_shardings)]
+        self._kept_results = [
+            # An uneven tile (one Mesh.fit would not split) is padded by XLA:
+            # its parts are not what Mesh.shard cuts.
+            None if layout is None or mesh.fit(layout, spec.shape) != tuple(layout) else global_array_type(spec, layout)
+            for spec, layout in zip(output_specs, self.output_layouts)
         ]
+        """Per result, the aval and sharding its parts are kept under on a client
+        that copies (:meth:`_keep_on_devices`); None where they cannot be."""
 
     def record_into(self, island_record: Any) -> None:
         """Put the mesh's view of this executable in its island's record."""
@@ -172,8 +180,9 @@ class ShardedExecutable(DeviceExecutable):
             for per_device, parts, spec in zip(results, self._output_parts, self._output_specs)
         ]
         if not self._platform.shares_host_memory:
-            for output, per_device, layout in zip(outputs, results, self.output_layouts):
-                self._keep_on_devices(output, per_device, layout)
+            for output, per_device, layout, kept in zip(outputs, results, self.output_layouts, self._kept_results):
+                if kept is not None:
+                    self._keep_on_devices(output, per_device, layout, kept)
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
@@ -183,25 +192,17 @@ class ShardedExecutable(DeviceExecutable):
         parts = [self._to_device(self._mesh.shard(tensor, sharding, i), d) for i, d in enumerate(self._mesh.devices)]
         return jaxlib_api.ArrayImpl(aval, global_sharding, parts, True)
 
-    def _keep_on_devices(self, output: torch.Tensor, per_device: Sequence[Any], layout: Optional[Spec]) -> None:
+    def _keep_on_devices(
+        self, output: torch.Tensor, per_device: Sequence[Any], layout: Spec, array_type: tuple[Any, Any]
+    ) -> None:
         """On a client that copies, a result's parts stay on the devices as its
         device copy: an island that reads it split the same way (a backward
         reading what its forward saved) takes them instead of an upload."""
-        if layout is None:
-            return
-        sizes = [self._mesh.axis_size(axis) if axis else 1 for axis in layout]
-        if any(size % count for size, count in zip(output.shape, sizes)):
-            return  # XLA pads an uneven tile: its parts are not what Mesh.shard cuts
-        part_shape = tuple(size // count for size, count in zip(output.shape, sizes))
+        aval, global_sharding = array_type
+        part_shape = self._mesh.shard_shape(aval.shape, layout)
         if any(tuple(part.shape) != part_shape for part in per_device):
             return
-        devices = jaxlib_api.DeviceList(tuple(self._mesh.devices))
-        value = jaxlib_api.ArrayImpl(
-            jaxlib_api.shaped_array(tuple(output.shape), transfer.numpy_dtype(output.dtype)),
-            jaxlib_api.hlo_sharding(devices, self._mesh.hlo_sharding(layout)),
-            list(per_device),
-            True,
-        )
+        value = jaxlib_api.ArrayImpl(aval, global_sharding, list(per_device), True)
         self._resident.remember(output, (self._devices_key, layout), value)
 
     def _assemble(self, per_device: Sequence[Any], parts: Parts, spec: Any) -> torch.Tensor:
