@@ -80,11 +80,16 @@ def lower(module: Any, pipelines: list[tuple[str, str]], *, fix_up: bool, for_cp
     return None
 
 
-def finished(module: Any, text: bool) -> dict:
-    """The reply for a lowered ``module``: its bytecode, and its text if asked."""
+def bytecode_of(module: Any) -> bytes:
+    """An MLIR module (torch-mlir's or jaxlib's bindings) as bytecode."""
     bytecode = io.BytesIO()
     module.operation.write_bytecode(bytecode)
-    return {"bytecode": bytecode.getvalue(), "text": module.operation.get_asm() if text else None}
+    return bytecode.getvalue()
+
+
+def finished(module: Any, text: bool) -> dict:
+    """The reply for a lowered ``module``: its bytecode, and its text if asked."""
+    return {"bytecode": bytecode_of(module), "text": module.operation.get_asm() if text else None}
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:

@@ -23,7 +23,6 @@ runs the pipelines in this process.
 from __future__ import annotations
 
 import atexit
-import io
 import logging
 import os
 import re
@@ -171,9 +170,7 @@ def to_stablehlo(
         if failure is not None:
             raise IslandLoweringError(**failure)
         return pipeline_worker.finished(module, text)
-    bytecode = io.BytesIO()
-    module.operation.write_bytecode(bytecode)
-    reply = _WORKER.run({"module": bytecode.getvalue(), "pipelines": pipelines, "fix_up": fix_up,
+    reply = _WORKER.run({"module": pipeline_worker.bytecode_of(module), "pipelines": pipelines, "fix_up": fix_up,
                          "for_cpu": for_cpu, "text": text})
     if "crashed" in reply:
         said = last_words(reply, "lowering an island")

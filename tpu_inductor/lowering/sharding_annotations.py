@@ -14,8 +14,9 @@ XLA deprecates GSPMD's propagation (and warns on every compile).
 
 from __future__ import annotations
 
-import io
 from typing import Optional, Sequence
+
+from tpu_inductor.lowering.pipeline_worker import bytecode_of
 
 
 def annotate_shardings(
@@ -54,9 +55,7 @@ def annotate_shardings(
         axes = ", ".join(f'"{axis}"={size}' for axis, size in mesh_axes)
         mesh = ir.Operation.parse(f"sdy.mesh @{_MESH} = <[{axes}]>")
         ir.InsertionPoint.at_block_begin(parsed.body).insert(mesh)
-        out = io.BytesIO()
-        parsed.operation.write_bytecode(out)
-        return out.getvalue()
+        return bytecode_of(parsed)
 
 
 _MESH = "mesh"

@@ -29,6 +29,7 @@ import torch.fx
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from tpu_inductor.errors import LoweringError
+from tpu_inductor.lowering.pipeline_worker import bytecode_of
 from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs
 
 if TYPE_CHECKING:
@@ -57,7 +58,12 @@ def tensor_type(value: torch.Tensor) -> str:
     """``tensor<4x8xf32>``: the MLIR type of a static-shaped tensor."""
     if value.dtype not in ELEMENT_TYPES:
         raise LoweringError(f"a collective island passes a {value.dtype} value, which it has no MLIR type for")
-    return f"tensor<{''.join(f'{int(size)}x' for size in value.shape)}{ELEMENT_TYPES[value.dtype]}>"
+    return tensor_type_of(value.shape, value.dtype)
+
+
+def tensor_type_of(shape: Sequence[int], dtype: torch.dtype) -> str:
+    """``tensor<4x8xf32>`` for ``shape`` and ``dtype`` (one of :data:`ELEMENT_TYPES`)."""
+    return f"tensor<{''.join(f'{int(size)}x' for size in shape)}{ELEMENT_TYPES[dtype]}>"
 
 
 def lower_with_collectives(
@@ -77,7 +83,7 @@ def lower_with_collectives(
     from tpu_inductor.lowering.cache import lower_cached
     from tpu_inductor.runtime.jaxlib_api import mlir_context
 
-    segments = _segments(gm)
+    segments, depth = _segments(gm)
     with mlir_context():
         functions, signatures = [], []
         for index, nodes in enumerate(segments):
@@ -89,19 +95,20 @@ def lower_with_collectives(
             text, arguments, results = _as_private_function(ir.Module.parse(lowered.module), f"segment_{index}")
             functions.append(text)
             signatures.append((inputs, outputs, arguments, results))
-        main = _main(gm, segments, signatures, group_size)
+        main = _main(gm, depth, signatures, group_size)
         module = ir.Module.parse("module @island {\n" + "\n".join(functions) + "\n" + main + "\n}")
         if not module.operation.verify():
             raise LoweringError("the stitched collective island does not verify")
-        bytecode = _bytecode(module)
+        bytecode = bytecode_of(module)
     input_specs, output_specs = graph_specs(gm)
     return LoweredModule(bytecode, input_specs, output_specs)
 
 
-def _segments(gm: torch.fx.GraphModule) -> list[list[torch.fx.Node]]:
+def _segments(gm: torch.fx.GraphModule) -> tuple[list[list[torch.fx.Node]], dict[torch.fx.Node, int]]:
     """The compute nodes by how many collectives lie on their longest path from
-    the inputs: segment ``k`` runs after the collectives that ``k`` of them
-    follow, so the segments and collectives form a chain without cycles."""
+    the inputs (their depth, returned too: a compute node's segment): segment
+    ``k`` runs after the collectives that ``k`` of them follow, so the segments
+    and collectives form a chain without cycles."""
     depth: dict[torch.fx.Node, int] = {}
     segments: list[list[torch.fx.Node]] = [[]]
     for node in gm.graph.nodes:
@@ -115,7 +122,7 @@ def _segments(gm: torch.fx.GraphModule) -> list[list[torch.fx.Node]]:
         while len(segments) <= here:
             segments.append([])
         segments[here].append(node)
-    return segments
+    return segments, depth
 
 
 def _as_private_function(module: Any, name: str) -> tuple[str, list[str], list[str]]:
@@ -138,7 +145,7 @@ def _as_private_function(module: Any, name: str) -> tuple[str, list[str], list[s
 
 def _main(
     gm: torch.fx.GraphModule,
-    segments: Sequence[list[torch.fx.Node]],
+    segment_of: dict[torch.fx.Node, int],
     signatures: Sequence[Any],
     group_size: int,
 ) -> str:
@@ -149,7 +156,7 @@ def _main(
     for index, node in enumerate(placeholders):
         values[node] = (f"%arg{index}", tensor_type(node.meta["val"]))
     lines: list[str] = []
-    emitted = [False] * len(segments)
+    emitted = [False] * len(signatures)
 
     def emit_segment(index: int) -> None:
         if emitted[index] or signatures[index] is None:
@@ -176,7 +183,7 @@ def _main(
             ensure(node.args[0])
             values[node] = values[node.args[0]]
         else:
-            emit_segment(next(i for i, nodes in enumerate(segments) if node in nodes))
+            emit_segment(segment_of[node])
         if node not in values:
             raise LoweringError(f"{node.format_node()}: no value in the collective island's program")
 
@@ -222,11 +229,3 @@ def _collective(node: torch.fx.Node, values: dict, group_size: int, number: int)
             name = f"{name}_mean"
     values[node] = (name, result_type)
     return line
-
-
-def _bytecode(module: Any) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    module.operation.write_bytecode(buffer)
-    return buffer.getvalue()

@@ -41,7 +41,7 @@ from tpu_inductor.errors import LoweringError, RanksDisagreeError
 from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
-from tpu_inductor.lowering.with_collectives import COLLECTIVES, ELEMENT_TYPES, REDUCTIONS, WAIT
+from tpu_inductor.lowering.with_collectives import COLLECTIVES, ELEMENT_TYPES, REDUCTIONS, WAIT, tensor_type_of
 from tpu_inductor.runtime.executable import spmd_compile_options
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.sharded import collectives as count_collectives
@@ -124,7 +124,7 @@ def _program(collective: Collective, world: int) -> tuple[str, Spec, tuple[int, 
     shape = collective.shape
 
     def tensor(dims: tuple[int, ...]) -> str:
-        return f"tensor<{'x'.join(map(str, dims))}x{element}>"
+        return tensor_type_of(dims, collective.dtype)
 
     rows = tensor((world, *shape))
     if collective.kind == "all_to_all_single":
