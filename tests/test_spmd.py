@@ -262,6 +262,40 @@ def test_a_split_result_is_put_together_from_each_part_where_xla_put_it():
     assert "last_tile_dim_replicate" in island.shardings["outputs"][0] and island.collectives == {}
 
 
+def test_a_caller_asks_for_each_devices_part_of_a_result():
+    """``tpu_inductor.shards(result)``: per device of the mesh, the slices of the
+    whole result it holds as XLA compiled it, and that part; devices that hold
+    copies get the same slices. A value computed afterwards has no parts."""
+    torch.manual_seed(0)
+    model = mlp().eval()
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        out = torch.compile(model, backend="tpu", options=DATA4)(x)
+        expected = model(x)
+    parts = tpu_inductor.shards(out)
+    assert [p.position for p in parts] == [{"data": i} for i in range(4)]
+    assert len({p.device.id for p in parts}) == 4
+    assert [p.index[0] for p in parts] == [slice(2 * i, 2 * i + 2) for i in range(4)]
+    for part in parts:
+        torch.testing.assert_close(part.data, expected[part.index], **TOLERANCE)
+
+    torch._dynamo.reset()
+    x, weight = torch.randn(8, 3), torch.randn(3, 8)
+    tpu_inductor.shard(weight, (None, "model"))
+    two_axes = {"mesh": {"data": 2, "model": 2}, "strict": True}
+    split, total = torch.compile(lambda x, w: ((x @ w).relu(), (x @ w).sum()), backend="tpu", options=two_axes)(
+        x, weight
+    )
+    # The product's columns are split over model, and both devices along data
+    # hold a copy of each half.
+    by_position = {(p.position["data"], p.position["model"]): p.index for p in tpu_inductor.shards(split)}
+    assert by_position == {(d, m): (slice(0, 8), slice(4 * m, 4 * m + 4)) for d in (0, 1) for m in (0, 1)}
+    # A sum over everything is replicated: each device holds all of it.
+    assert [p.data.shape for p in tpu_inductor.shards(total)] == [torch.Size([])] * 4
+    with pytest.raises(ValueError, match="not returned by a graph compiled for a device mesh"):
+        tpu_inductor.shards(split + 1)
+
+
 def test_a_result_sharding_that_cannot_be_read_compiles_again_with_whole_results(monkeypatch):
     import tpu_inductor.runtime.sharded as sharded
 

@@ -10,7 +10,7 @@ import sys
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "explain", "report", "shard", "tpu_backend"]
+__all__ = ["__version__", "explain", "report", "shard", "shards", "tpu_backend"]
 
 
 def __getattr__(name: str):
@@ -26,6 +26,10 @@ def __getattr__(name: str):
         from tpu_inductor.placement.shardings import shard
 
         return shard
+    if name == "shards":
+        from tpu_inductor.runtime.result_shards import shards
+
+        return shards
     if name == "report":
         import importlib
 

@@ -9,8 +9,9 @@ views of torch's memory through DLPack), runs the program once on all
 devices, and hands back whole results: a replicated one from the first
 device, a split one (XLA chose its sharding: placement/shardings.py) put
 together on the host from one copy of each part (:func:`result_parts`), so
-the program holds no all-gather for it. :func:`collectives` counts what XLA
-inserted, for the report.
+the program holds no all-gather for it; ``tpu_inductor.shards(result)``
+gives the parts back (runtime/result_shards.py). :func:`collectives` counts
+what XLA inserted, for the report.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.utils.dlpack import to_dlpack
 from tpu_inductor.runtime.executable import DeviceExecutable
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.platform import Platform
-from tpu_inductor.runtime import jaxlib_api, transfer
+from tpu_inductor.runtime import jaxlib_api, result_shards, transfer
 
 _COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 
@@ -126,6 +127,12 @@ class ShardedExecutable(DeviceExecutable):
         self._output_parts = [
             result_parts(sharding, spec.shape) for sharding, spec in zip(self._output_shardings, output_specs)
         ]
+        self._result_layouts = [
+            result_shards.layout_of(mesh, device_slices(sharding, spec.shape))
+            for sharding, spec in zip(self._output_shardings, output_specs)
+        ]
+        """Per result, where each device's part lies, noted on every result for
+        ``tpu_inductor.shards``."""
         self.output_layouts = [
             spec_of(mesh, sharding, spec.shape) for sharding, spec in zip(self._output_shardings, output_specs)
         ]
@@ -183,6 +190,7 @@ class ShardedExecutable(DeviceExecutable):
             for output, per_device, layout, kept in zip(outputs, results, self.output_layouts, self._kept_results):
                 if kept is not None:
                     self._keep_on_devices(output, per_device, layout, kept)
+        result_shards.note(outputs, self._result_layouts)
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
