@@ -79,6 +79,21 @@ def uploads_per_parameter(model: torch.nn.Module) -> list[int]:
     return [resident.uploads[id(p)] for p in model.parameters()]
 
 
+def test_an_upload_is_a_copy_on_the_cpu_client_too():
+    """``zero_copy=False`` stands in for an accelerator's path, so an upload
+    must be a copy there too: jax's CPU client aliased an aligned array's
+    memory, and a device copy kept past a write would then have read as
+    current in every test of this file."""
+    import numpy as np
+
+    from tpu_inductor.runtime import transfer
+
+    tensor = torch.ones(1024)
+    uploaded = transfer.upload(tensor, platform_module.get_platform("cpu", zero_copy=False).device)
+    tensor.mul_(2)
+    assert np.asarray(uploaded).tolist() == [1.0] * 1024
+
+
 def test_parameters_upload_once_across_100_calls():
     model = make_mlp()
     compiled = torch.compile(model, backend="tpu", options=COPY_OPTIONS)

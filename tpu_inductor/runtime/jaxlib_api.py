@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+import numpy as np
 from jaxlib import _hlo, _jax
 
 # Bound as they are: called per argument and per result.
@@ -78,6 +79,12 @@ def device_put(array: Any, device: Any) -> Any:
     """A copy of the numpy ``array`` in a buffer on ``device``, of its own dtype."""
     import jax
 
+    if device.platform == "cpu":
+        # The CPU client aliases an aligned numpy array instead of copying it,
+        # so the buffer would see later writes to the tensor behind it, as no
+        # accelerator's does: ``zero_copy=False``, which stands in for a TPU's
+        # path, would then hide a stale device copy.
+        array = np.array(array, copy=True)
     # jax canonicalises dtypes unless 64-bit types are on: without this an
     # int64 tensor would silently arrive as int32. The context is thread-local.
     with jax.enable_x64(True):

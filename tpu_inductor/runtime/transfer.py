@@ -21,7 +21,11 @@ update was a graph's write whose new value the device computed and kept
 (runtime/resident_writes.py: a KV cache crosses once, not every step). A
 result keeps the buffer the device computed it in as its device copy
 (:meth:`ResidentBuffers.remember`), so what the device made never crosses
-back up: a forward's saved activations, read by its backward.
+back up: a forward's saved activations, read by its backward. A write that
+bumps no version counter (through ``.data``, or through a numpy view) is not
+seen: the device keeps its copy. On the CPU client these uploads are real
+copies too (:func:`jaxlib_api.device_put`), so ``zero_copy=False`` behaves
+there as it does on an accelerator.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class ResidentBuffers:
     Keyed by the tensor object (held weakly: an entry dies with its tensor)
     and by how it lies on the devices (one device, or split or copied over a
     mesh's: ``layout``), and validated by the tensor's version counter and
-    data pointer, which change on every in-place write and ``.data`` swap.
+    data pointer, which change on every in-place write of the tensor and
+    ``.data`` swap (a write through ``.data`` itself changes neither).
     """
 
     def __init__(self) -> None:
