@@ -295,6 +295,19 @@ def test_a_caller_asks_for_each_devices_part_of_a_result():
     with pytest.raises(ValueError, match="not returned by a graph compiled for a device mesh"):
         tpu_inductor.shards(split + 1)
 
+    # Dynamic shapes: a batch of 12 runs in the bucket of 16, 4 rows a device,
+    # and the last device holds only padding.
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tpu", options=DATA4, dynamic=True)
+    x = torch.randn(12, 16)
+    with torch.no_grad():
+        out, expected = compiled(x), model(x)
+    parts = tpu_inductor.shards(out)
+    assert [p.index[0] for p in parts] == [slice(0, 4), slice(4, 8), slice(8, 12), slice(12, 12)]
+    assert parts[3].data.numel() == 0
+    for part in parts:
+        torch.testing.assert_close(part.data, expected[part.index], **TOLERANCE)
+
 
 def test_a_result_sharding_that_cannot_be_read_compiles_again_with_whole_results(monkeypatch):
     import tpu_inductor.runtime.sharded as sharded

@@ -21,6 +21,7 @@ from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.dynamic.kept_padding import KeptPadding
 from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import LoweringError
+from tpu_inductor.runtime import result_shards
 from tpu_inductor.analysis.padding_safety import expr_of
 
 
@@ -175,8 +176,10 @@ class ShapeBinding:
                     f"output {index} came back {tuple(value.shape)}, which cannot hold the "
                     f"expected {tuple(real)}"
                 )
+            padded = value
             for dim, size in enumerate(real):
                 if value.shape[dim] != size:
                     value = value.narrow(dim, 0, size)
             result[index] = value.contiguous()
+            result_shards.note_cut(padded, result[index])
         return result

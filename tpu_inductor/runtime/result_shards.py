@@ -62,6 +62,22 @@ def note(results: Sequence[torch.Tensor], layouts: Sequence[ResultLayout]) -> No
         setattr(tensor, _LAYOUT, layout)
 
 
+def note_cut(padded: torch.Tensor, real: torch.Tensor) -> None:
+    """``real`` is ``padded`` (a result of a bucket's executable) cut back to
+    the real sizes (dynamic/padding.py): it takes ``padded``'s layout, each
+    device's slices cut to ``real``'s shape (a device that held only padding
+    holds an empty part)."""
+    layout = getattr(padded, _LAYOUT, None)
+    if layout is None:
+        return
+
+    def cut(index: tuple[slice, ...]) -> tuple[slice, ...]:
+        return tuple(slice(min(s.start, size), min(s.stop, size)) for s, size in zip(index, real.shape))
+
+    slices = tuple(None if index is None else cut(index) for index in layout.slices)
+    setattr(real, _LAYOUT, dataclasses.replace(layout, slices=slices))
+
+
 def shards(tensor: torch.Tensor) -> list[Shard]:
     """The part of ``tensor`` that each device of the mesh holds, as the
     compiled program left it: one :class:`Shard` per device, in mesh order
