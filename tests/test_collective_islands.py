@@ -56,9 +56,14 @@ def test_collectives_and_compute_run_as_one_program_per_rank():
     assert text.count("replica_groups = dense<[[0, 1]]>") == 3
     assert text.count("func.func private @segment_") == 4  # the compute between the collectives
 
-    client = jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1)
-    runtime = DistributedRuntime(client, rank=0, world_size=RANKS)
-    loaded = compile_for_group(lowered.module, tuple(range(RANKS)), runtime)
+    runtime = DistributedRuntime(jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1), rank=0, world_size=RANKS)
+    loaded, _ = compile_for_group(lowered.module, tuple(range(RANKS)), runtime)
+    check_on_every_rank(loaded, runtime, xs, w)
+
+
+def check_on_every_rank(loaded, runtime: DistributedRuntime, xs: list[torch.Tensor], w: torch.Tensor) -> None:
+    """``loaded`` (the program of ``step``) run once with every replica's
+    inputs gives each rank what :func:`expected` says."""
     devices = runtime.devices
     # One array per argument holding each replica's own value: under torchrun
     # each process passes its one device's buffer instead.
@@ -93,3 +98,22 @@ def test_a_restarted_rank_lowers_its_collective_island_from_the_disk_cache(tmp_p
     second = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path))
     assert second.module == first.module
     assert len(CacheDir(tmp_path).entries()) == 4  # one per segment
+
+
+def test_a_restarted_rank_loads_its_compiled_program_from_the_disk_cache(tmp_path, monkeypatch):
+    """The program compiled for the group's replicas is kept like every
+    island's executable: the next process deserializes it instead of
+    compiling, and it computes the same."""
+    from tpu_inductor.process_state import STATE
+
+    torch.manual_seed(0)
+    xs, w = [torch.randn(4, 8) + rank for rank in range(RANKS)], torch.randn(8, 4)
+    module = lower_with_collectives(make_fx(step, tracing_mode="fake")(xs[0], w), RANKS, for_cpu=True, isolate=False).module
+    runtime = DistributedRuntime(jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1), rank=0, world_size=RANKS)
+    monkeypatch.setattr(STATE, "executables", {})  # this process's, kept from other tests
+    _, first = compile_for_group(module, tuple(range(RANKS)), runtime, CacheDir(tmp_path))
+    assert first.source == "xla"
+    monkeypatch.setattr(STATE, "executables", {})  # a new process
+    loaded, second = compile_for_group(module, tuple(range(RANKS)), runtime, CacheDir(tmp_path))
+    assert second.source == "disk" and second.key == first.key
+    check_on_every_rank(loaded, runtime, xs, w)

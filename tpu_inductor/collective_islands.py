@@ -36,6 +36,7 @@ def compile_collective_island(island: Island, context: Any, record: report.Graph
     runtime = distributed.runtime()
     nodes = [node for node in island.nodes if node.target in COLLECTIVES]
     module = None
+    compile_source = "xla"
     if island.collective:
         (collective,) = [collectives.Collective.of(node) for node in nodes]
         executable = collectives.CollectiveExecutable(collective, runtime, f"{island.name} ({collective.describe()})")
@@ -48,9 +49,11 @@ def compile_collective_island(island: Island, context: Any, record: report.Graph
             disk_cache=context.disk_cache,
         )
         lower_seconds, lower_source = time.perf_counter() - started, "torch-mlir"
-        with report.stage("xla"):
-            loaded = collectives.compile_for_group(lowered.module, ranks, runtime)
         input_specs, output_specs = graph_specs(island.graph)
+        loaded, stats = collectives.compile_for_group(
+            lowered.module, ranks, runtime, context.disk_cache, input_specs=input_specs
+        )
+        compile_source = stats.source
         executable = DeviceExecutable(
             loaded, runtime.platform, output_specs, name=f"{island.name} ({description})", input_specs=input_specs
         )
@@ -58,7 +61,7 @@ def compile_collective_island(island: Island, context: Any, record: report.Graph
     island_record = report.IslandRecord(
         name=island.name,
         num_nodes=len(island.nodes),
-        compile_source="xla",
+        compile_source=compile_source,
         lower_seconds=lower_seconds,
         compile_seconds=time.perf_counter() - started - lower_seconds,
         cache_key=executable.name,

@@ -32,7 +32,7 @@ import collections
 import dataclasses
 import itertools
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils.dlpack import to_dlpack
@@ -42,7 +42,7 @@ from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.lowering.with_collectives import COLLECTIVES, ELEMENT_TYPES, REDUCTIONS, WAIT, tensor_type_of
-from tpu_inductor.runtime.executable import spmd_compile_options
+from tpu_inductor.runtime.executable import compile_stablehlo, spmd_compile_options
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.sharded import collectives as count_collectives
 
@@ -254,17 +254,18 @@ def agree_across_ranks(ranks: tuple[int, ...], description: str, runtime: Distri
         )
 
 
-def compile_for_group(module: bytes, ranks: tuple[int, ...], runtime: DistributedRuntime) -> Any:
+def compile_for_group(
+    module: bytes,
+    ranks: tuple[int, ...],
+    runtime: DistributedRuntime,
+    disk_cache: Optional[Any] = None,
+    input_specs: Sequence[Any] = (),
+) -> tuple[Any, Any]:
     """``module``, one rank's program whose collectives run over ``ranks``
     (lowering/with_collectives.py), compiled with one replica per rank of the
-    group, replica ``i`` on group rank ``i``'s device."""
-    import numpy as np
-
+    group, replica ``i`` on group rank ``i``'s device; through both levels of
+    the executable cache (memory, ``disk_cache``), as every island is, so a
+    restarted job loads it instead of compiling. Returns the executable and
+    the compile stats."""
     devices = [runtime.devices[rank] for rank in ranks]
-    options = jaxlib_api.CompileOptions()
-    options.num_replicas = len(devices)
-    options.num_partitions = 1
-    options.device_assignment = jaxlib_api.DeviceAssignment.create(
-        np.array([[device.id] for device in devices], dtype=np.int32)
-    )
-    return runtime.client.compile_and_load(module, jaxlib_api.DeviceList(tuple(devices)), options)
+    return compile_stablehlo(module, runtime.platform, disk_cache, input_specs=input_specs, replicas=devices)

@@ -152,15 +152,31 @@ def spmd_compile_options(mesh: Mesh) -> Any:
     return options
 
 
-def _compile_options(mesh: Optional[Mesh] = None) -> Any:
-    """The options an executable is compiled with: XLA's defaults, or SPMD
-    partitioning over ``mesh``'s devices."""
+def replica_compile_options(device_ids: Sequence[int]) -> Any:
+    """Compile options for one rank's program run as one replica per device
+    of ``device_ids`` (a process group's: runtime/collectives.py), replica
+    ``i`` on ``device_ids[i]``."""
+    options = jaxlib_api.CompileOptions()
+    options.num_replicas = len(device_ids)
+    options.num_partitions = 1
+    options.device_assignment = jaxlib_api.DeviceAssignment.create(
+        np.array([[device_id] for device_id in device_ids], dtype=np.int32)
+    )
+    return options
+
+
+def _compile_options(mesh: Optional[Mesh] = None, replicas: tuple[int, ...] = ()) -> Any:
+    """The options an executable is compiled with: XLA's defaults, SPMD
+    partitioning over ``mesh``'s devices, or one replica per device of
+    ``replicas`` (device ids)."""
+    if replicas:
+        return replica_compile_options(replicas)
     return spmd_compile_options(mesh) if mesh is not None else jaxlib_api.CompileOptions()
 
 
 @functools.cache
-def _compile_options_digest(mesh: Optional[Mesh] = None) -> str:
-    return hashlib.sha256(_compile_options(mesh).SerializeAsString()).hexdigest()[:16]
+def _compile_options_digest(mesh: Optional[Mesh] = None, replicas: tuple[int, ...] = ()) -> str:
+    return hashlib.sha256(_compile_options(mesh, replicas).SerializeAsString()).hexdigest()[:16]
 
 
 def aval(spec: TensorSpec) -> str:
@@ -174,6 +190,7 @@ def executable_key(
     platform: Platform,
     xla_flags: str = "",
     mesh: Optional[Mesh] = None,
+    replicas: tuple[int, ...] = (),
 ) -> CacheKey:
     """Everything that shapes the executable, grouped so a miss can say what changed."""
     data = module.encode() if isinstance(module, str) else module
@@ -193,9 +210,10 @@ def executable_key(
                 "xla_threads": platform.xla_threads,
             },
             "options": {
-                "compile_options_sha256": _compile_options_digest(mesh),
+                "compile_options_sha256": _compile_options_digest(mesh, replicas),
                 "xla_flags": xla_flags,
                 **({"mesh": mesh.describe()} if mesh is not None else {}),
+                **({"replicas": list(replicas)} if replicas else {}),
             },
             "versions": key_versions(),
         },
@@ -210,17 +228,24 @@ def compile_stablehlo(
     input_specs: Sequence[TensorSpec] = (),
     xla_flags: str = "",
     mesh: Optional[Mesh] = None,
+    replicas: Sequence[Any] = (),
     isolate: bool = False,
 ) -> tuple[Any, CompileStats]:
     """A loaded executable for ``module`` (StableHLO bytecode or text): from memory,
     disk, or XLA. ``input_specs``, ``xla_flags`` (``Config.xla_flags``) and the
-    ``mesh`` it is partitioned over (its shardings are in ``module``) go into
-    the cache key. ``isolate`` (``Config.isolate_lowering``): XLA compiles in
-    the helper process where it can (runtime/isolated_compile.py)."""
+    ``mesh`` it is partitioned over (its shardings are in ``module``), or the
+    devices it runs one replica on each of (``replicas``: a rank's program
+    whose collectives span them), go into the cache key. ``isolate``
+    (``Config.isolate_lowering``): XLA compiles in the helper process where it
+    can (runtime/isolated_compile.py)."""
     started = time.perf_counter()
-    key = executable_key(module, input_specs, platform, xla_flags, mesh)
+    replica_ids = tuple(device.id for device in replicas)
+    key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids)
     digest = key.digest
-    devices = jaxlib_api.DeviceList(tuple(mesh.devices) if mesh is not None else (platform.device,))
+    if replicas:
+        devices = jaxlib_api.DeviceList(tuple(replicas))
+    else:
+        devices = jaxlib_api.DeviceList(tuple(mesh.devices) if mesh is not None else (platform.device,))
     loaded = STATE.executables.get(digest)
     source = "memory"
     if loaded is None and disk_cache is not None:
@@ -236,7 +261,8 @@ def compile_stablehlo(
         source = "xla"
         compile_started = time.perf_counter()
         with report.stage("xla"):
-            loaded, serialized = compile_and_load(platform, module, devices, _compile_options(mesh), isolate=isolate)
+            options = _compile_options(mesh, replica_ids)
+            loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)
         if disk_cache is not None:
             _store(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
     STATE.executables[digest] = loaded
