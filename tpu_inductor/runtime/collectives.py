@@ -42,7 +42,8 @@ from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.distributed import DistributedRuntime, store
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.lowering.with_collectives import COLLECTIVES, ELEMENT_TYPES, REDUCTIONS, WAIT, tensor_type_of
-from tpu_inductor.runtime.executable import compile_stablehlo, spmd_compile_options
+from tpu_inductor.runtime.disk_cache import CacheDir
+from tpu_inductor.runtime.executable import CompileStats, TensorSpec, compile_stablehlo, spmd_compile_options
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.sharded import collectives as count_collectives
 
@@ -195,8 +196,6 @@ class CollectiveExecutable:
     """One compiled collective: this rank's tensor in, this rank's result out."""
 
     def __init__(self, collective: Collective, runtime: DistributedRuntime, name: str) -> None:
-        from tpu_inductor.runtime.executable import TensorSpec
-
         self.collective = collective
         self.name = name
         world = len(collective.ranks)
@@ -258,9 +257,9 @@ def compile_for_group(
     module: bytes,
     ranks: tuple[int, ...],
     runtime: DistributedRuntime,
-    disk_cache: Optional[Any] = None,
-    input_specs: Sequence[Any] = (),
-) -> tuple[Any, Any]:
+    disk_cache: Optional[CacheDir] = None,
+    input_specs: Sequence[TensorSpec] = (),
+) -> tuple[Any, CompileStats]:
     """``module``, one rank's program whose collectives run over ``ranks``
     (lowering/with_collectives.py), compiled with one replica per rank of the
     group, replica ``i`` on group rank ``i``'s device; through both levels of

@@ -242,10 +242,8 @@ def compile_stablehlo(
     replica_ids = tuple(device.id for device in replicas)
     key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids)
     digest = key.digest
-    if replicas:
-        devices = jaxlib_api.DeviceList(tuple(replicas))
-    else:
-        devices = jaxlib_api.DeviceList(tuple(mesh.devices) if mesh is not None else (platform.device,))
+    runs_on = tuple(replicas) or (tuple(mesh.devices) if mesh is not None else (platform.device,))
+    devices = jaxlib_api.DeviceList(runs_on)
     loaded = STATE.executables.get(digest)
     source = "memory"
     if loaded is None and disk_cache is not None:

@@ -93,10 +93,14 @@ class Mesh:
         """The shape of the part of a ``shape`` tensor each device holds, split as ``spec``."""
         return tuple(size // self.axis_size(axis) if axis is not None else size for size, axis in zip(shape, spec))
 
+    def position(self, device_index: int) -> dict[str, int]:
+        """Where device ``device_index`` sits: axis name -> its index along that axis."""
+        coordinate = np.unravel_index(device_index, [size for _, size in self.axes])
+        return dict(zip(self.names, (int(c) for c in coordinate)))
+
     def shard(self, tensor: torch.Tensor, spec: Spec, device_index: int) -> torch.Tensor:
         """The part of ``tensor`` (a view) that device ``device_index`` of the mesh holds."""
-        coordinate = np.unravel_index(device_index, [size for _, size in self.axes])
-        position = dict(zip(self.names, (int(c) for c in coordinate)))
+        position = self.position(device_index)
         part = tensor
         for dim, (axis, length) in enumerate(zip(spec, self.shard_shape(tensor.shape, spec))):
             if axis is not None:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
+
+from tpu_inductor.runtime.mesh import Mesh
 
 _LAYOUT = "_tpu_inductor_result_layout"
 
@@ -42,18 +43,17 @@ class Shard:
 class ResultLayout:
     """Where each device's part of one result lies, per device of the mesh in order."""
 
-    axes: tuple[tuple[str, int], ...]
-    devices: tuple[Any, ...]
+    mesh: Mesh
     slices: tuple[Optional[tuple[slice, ...]], ...]
     """Per device, the slices of the whole it holds; None: the whole (a copy)."""
 
 
-def layout_of(mesh: Any, device_slices: Optional[dict[int, tuple[slice, ...]]]) -> ResultLayout:
+def layout_of(mesh: Mesh, device_slices: Optional[dict[int, tuple[slice, ...]]]) -> ResultLayout:
     """The :class:`ResultLayout` of a result over ``mesh`` whose compiled
     sharding gives ``device_slices`` (device index on the mesh -> slices;
     None when every device holds a copy)."""
     slices = tuple(None if device_slices is None else device_slices[i] for i in range(len(mesh.devices)))
-    return ResultLayout(mesh.axes, tuple(mesh.devices), slices)
+    return ResultLayout(mesh, slices)
 
 
 def note(results: Sequence[torch.Tensor], layouts: Sequence[ResultLayout]) -> None:
@@ -94,11 +94,8 @@ def shards(tensor: torch.Tensor) -> list[Shard]:
             "so it has no per-device parts; call tpu_inductor.shards on a result of torch.compile(..., "
             "backend='tpu', options={'mesh': ...}) as it was returned (not on a view or a value computed from it)"
         )
-    sizes = [size for _, size in layout.axes]
     parts = []
-    for device_index, (device, cut) in enumerate(zip(layout.devices, layout.slices)):
+    for device_index, (device, cut) in enumerate(zip(layout.mesh.devices, layout.slices)):
         index = cut if cut is not None else tuple(slice(0, size) for size in tensor.shape)
-        coordinate = np.unravel_index(device_index, sizes)
-        position = {name: int(c) for (name, _), c in zip(layout.axes, coordinate)}
-        parts.append(Shard(device, position, index, tensor[index]))
+        parts.append(Shard(device, layout.mesh.position(device_index), index, tensor[index]))
     return parts
