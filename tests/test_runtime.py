@@ -87,3 +87,22 @@ def test_jaxlib_info_lines_stay_off_the_terminal():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "pjrt_client.cc" not in result.stderr and "PjRt-IFRT" not in result.stderr, result.stderr[-2000:]
+
+
+def test_an_executable_in_memory_serves_only_the_client_it_was_loaded_on():
+    """A process can hold several CPU clients (a mesh's devices are a client
+    of their own): the memory level of the executable cache must not hand
+    one client's executable to another, whose buffers it cannot take."""
+    from tpu_inductor.runtime.executable import compile_stablehlo
+
+    module = """
+    func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %y = stablehlo.add %x, %x : tensor<4xf32>
+      return %y : tensor<4xf32>
+    }
+    """
+    one, two = get_platform("cpu"), get_platform("cpu", num_devices=2)
+    first, _ = compile_stablehlo(module, one, None)
+    second, stats = compile_stablehlo(module, two, None)
+    assert first.client is one.client
+    assert second.client is two.client and stats.source == "xla"

@@ -245,6 +245,10 @@ def compile_stablehlo(
     runs_on = tuple(replicas) or (tuple(mesh.devices) if mesh is not None else (platform.device,))
     devices = jaxlib_api.DeviceList(runs_on)
     loaded = STATE.executables.get(digest)
+    if loaded is not None and loaded.client is not platform.client:
+        # Loaded on another client of this process (a mesh's devices are a
+        # client of their own): its buffers are not this client's.
+        loaded = None
     source = "memory"
     if loaded is None and disk_cache is not None:
         lookup = disk_cache.load(
