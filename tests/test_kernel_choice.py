@@ -203,6 +203,18 @@ def test_only_the_cpu_client_considers_eager_kernels():
     assert KernelChooser.for_platform(Device(), None) is None
 
 
+def test_a_copying_client_leaves_the_sharing_one_its_chooser(monkeypatch):
+    """``zero_copy=False`` has no chooser; compiled first in a process, it
+    left the CPU client without one (no eager kernels, no in-place optimizer
+    steps) for every later graph of the same cache directory."""
+    from tpu_inductor.compiled_graph import _kernel_chooser
+    from tpu_inductor.runtime.platform import get_platform
+
+    monkeypatch.setattr(STATE, "kernel_choosers", {})
+    assert _kernel_chooser(get_platform("cpu", zero_copy=False), None) is None
+    assert _kernel_chooser(get_platform("cpu"), None) is not None
+
+
 # --------------------------------------------------------------------------- in-place update graphs
 
 

@@ -114,8 +114,10 @@ class CompileContext:
 
 
 def _kernel_chooser(platform: Platform, cache_dir: Optional[CacheDir]) -> Optional[KernelChooser]:
-    """One chooser per platform and cache directory: timings are measured once."""
-    key = (platform.name, platform.device_kind, str(cache_dir.root) if cache_dir else None)
+    """One chooser per platform and cache directory: timings are measured once.
+    Whether the platform shares host memory is in the key: a copying one
+    (``zero_copy=False``) has none, and must not leave a sharing one without."""
+    key = (platform.name, platform.device_kind, platform.shares_host_memory, str(cache_dir.root) if cache_dir else None)
     choosers = STATE.kernel_choosers
     if key not in choosers:
         timings = cache_dir.kernel_timings_file(platform.device_kind) if cache_dir else None
