@@ -108,7 +108,8 @@ def test_a_restarted_rank_loads_its_compiled_program_from_the_disk_cache(tmp_pat
 
     torch.manual_seed(0)
     xs, w = [torch.randn(4, 8) + rank for rank in range(RANKS)], torch.randn(8, 4)
-    module = lower_with_collectives(make_fx(step, tracing_mode="fake")(xs[0], w), RANKS, for_cpu=True, isolate=False).module
+    gm = make_fx(step, tracing_mode="fake")(xs[0], w)
+    module = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False).module
     runtime = DistributedRuntime(jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1), rank=0, world_size=RANKS)
     _, first = compile_for_group(module, tuple(range(RANKS)), runtime, CacheDir(tmp_path))
     assert first.source == "xla"
