@@ -117,3 +117,32 @@ def test_a_restarted_rank_loads_its_compiled_program_from_the_disk_cache(tmp_pat
     loaded, second = compile_for_group(module, tuple(range(RANKS)), runtime, CacheDir(tmp_path))
     assert second.source == "disk" and second.key == first.key
     check_on_every_rank(loaded, runtime, xs, w)
+
+
+def test_a_restarted_rank_loads_a_lone_collectives_program_from_the_disk_cache(tmp_path, monkeypatch):
+    """A collective compiled alone (a graph whose collectives span several
+    groups) is kept like every executable: the next process loads it, and
+    it reduces the ranks' rows as before."""
+    from tpu_inductor.process_state import STATE
+    from tpu_inductor.runtime import collectives
+
+    runtime = DistributedRuntime(jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1), rank=0, world_size=RANKS)
+    monkeypatch.setattr(collectives, "agree_across_ranks", lambda *args: None)  # one process plays both ranks
+    collective = collectives.Collective("all_reduce", (4, 8), torch.float32, "sum", tuple(range(RANKS)), True)
+    first = collectives.CollectiveExecutable(collective, runtime, "all_reduce", CacheDir(tmp_path))
+    monkeypatch.setattr(STATE, "executables", {})  # a new process
+    second = collectives.CollectiveExecutable(collective, runtime, "all_reduce", CacheDir(tmp_path))
+    assert (first.compile_source, second.compile_source) == ("xla", "disk")
+    assert second.collectives == {"all-reduce": 1}
+    # The program's input: the ranks' rows, one per device.
+    rows = [torch.randn(1, 4, 8) for _ in range(RANKS)]
+    argument = jaxlib_api.ArrayImpl(
+        jaxlib_api.shaped_array((RANKS, 4, 8), transfer.numpy_dtype(torch.float32)),
+        jaxlib_api.hlo_sharding(jaxlib_api.DeviceList(runtime.devices), "{devices=[2,1,1]0,1}"),
+        [jaxlib_api.buffer_from_dlpack(to_dlpack(row), device, None) for row, device in zip(rows, runtime.devices)],
+        True,
+        _skip_checks=True,
+    )
+    results = second.loaded.execute_sharded([argument]).disassemble_into_single_device_arrays()
+    for per_device in results[0]:
+        torch.testing.assert_close(transfer.host_tensor(per_device), rows[0][0] + rows[1][0])

@@ -36,11 +36,13 @@ def compile_collective_island(island: Island, context: Any, record: report.Graph
     runtime = distributed.runtime()
     nodes = [node for node in island.nodes if node.target in COLLECTIVES]
     module = None
-    compile_source = "xla"
     if island.collective:
         (collective,) = [collectives.Collective.of(node) for node in nodes]
-        executable = collectives.CollectiveExecutable(collective, runtime, f"{island.name} ({collective.describe()})")
+        executable = collectives.CollectiveExecutable(
+            collective, runtime, f"{island.name} ({collective.describe()})", context.disk_cache
+        )
         lower_seconds, lower_source, loaded = 0.0, "collective", executable.loaded
+        compile_source = executable.compile_source
     else:
         ranks, description = group_of(nodes)
         collectives.agree_across_ranks(ranks, description, runtime)

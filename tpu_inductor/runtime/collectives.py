@@ -43,7 +43,7 @@ from tpu_inductor.runtime.distributed import DistributedRuntime, store
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
 from tpu_inductor.lowering.with_collectives import COLLECTIVES, ELEMENT_TYPES, REDUCTIONS, WAIT, tensor_type_of
 from tpu_inductor.runtime.disk_cache import CacheDir
-from tpu_inductor.runtime.executable import CompileStats, TensorSpec, compile_stablehlo, spmd_compile_options
+from tpu_inductor.runtime.executable import CompileStats, TensorSpec, compile_stablehlo
 from tpu_inductor.runtime.mesh import Mesh, Spec
 from tpu_inductor.runtime.sharded import collectives as count_collectives
 
@@ -195,7 +195,9 @@ def _identity(op: str, dtype: torch.dtype) -> str:
 class CollectiveExecutable:
     """One compiled collective: this rank's tensor in, this rank's result out."""
 
-    def __init__(self, collective: Collective, runtime: DistributedRuntime, name: str) -> None:
+    def __init__(
+        self, collective: Collective, runtime: DistributedRuntime, name: str, disk_cache: Optional[CacheDir] = None
+    ) -> None:
         self.collective = collective
         self.name = name
         world = len(collective.ranks)
@@ -205,7 +207,9 @@ class CollectiveExecutable:
         rows: Spec = (_RANKS,) + (None,) * len(collective.shape)
         module = annotate_shardings(text.encode(), mesh.axes, [rows], [result])
         devices = jaxlib_api.DeviceList(mesh.devices)
-        self.loaded = runtime.client.compile_and_load(module, devices, spmd_compile_options(mesh))
+        # Through the executable cache like every island: a restarted job loads it.
+        self.loaded, stats = compile_stablehlo(module, runtime.platform, disk_cache, mesh=mesh)
+        self.compile_source = stats.source
         self.collectives = count_collectives(self.loaded)
         self._device = runtime.local_device
         self._aval = jaxlib_api.shaped_array((world, *collective.shape), transfer.numpy_dtype(collective.dtype))
