@@ -48,7 +48,7 @@ def test_collectives_and_compute_run_as_one_program_per_rank():
     torch.manual_seed(0)
     xs, w = [torch.randn(4, 8) + rank for rank in range(RANKS)], torch.randn(8, 4)
     gm = make_fx(step, tracing_mode="fake")(xs[0], w)
-    lowered = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False)
+    lowered, _ = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False)
 
     text = stablehlo_text(lowered.module)
     for op in ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter"):
@@ -89,14 +89,19 @@ def test_a_restarted_rank_lowers_its_collective_island_from_the_disk_cache(tmp_p
     """Each segment goes through the graph level of the cache: the next
     process gets the same program without running torch-mlir."""
     gm = make_fx(step, tracing_mode="fake")(torch.randn(4, 8), torch.randn(8, 4))
-    first = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path))
+    first, first_source = lower_with_collectives(
+        gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path)
+    )
 
     def torch_mlir_again(*args, **kwargs):
         raise AssertionError("torch-mlir ran on a warm cache")
 
     monkeypatch.setattr(lowering_cache, "lower_to_stablehlo", torch_mlir_again)
-    second = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path))
+    second, second_source = lower_with_collectives(
+        gm, RANKS, for_cpu=True, isolate=False, disk_cache=CacheDir(tmp_path)
+    )
     assert second.module == first.module
+    assert (first_source, second_source) == ("torch-mlir", "disk")
     assert len(CacheDir(tmp_path).entries()) == 4  # one per segment
 
 
@@ -109,7 +114,7 @@ def test_a_restarted_rank_loads_its_compiled_program_from_the_disk_cache(tmp_pat
     torch.manual_seed(0)
     xs, w = [torch.randn(4, 8) + rank for rank in range(RANKS)], torch.randn(8, 4)
     gm = make_fx(step, tracing_mode="fake")(xs[0], w)
-    module = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False).module
+    module = lower_with_collectives(gm, RANKS, for_cpu=True, isolate=False)[0].module
     runtime = DistributedRuntime(jaxlib_api.make_cpu_client(num_devices=RANKS, threads=1), rank=0, world_size=RANKS)
     _, first = compile_for_group(module, tuple(range(RANKS)), runtime, CacheDir(tmp_path))
     assert first.source == "xla"

@@ -46,11 +46,11 @@ def compile_collective_island(island: Island, context: Any, record: report.Graph
     else:
         ranks, description = group_of(nodes)
         collectives.agree_across_ranks(ranks, description, runtime)
-        lowered = lower_with_collectives(
+        lowered, lower_source = lower_with_collectives(
             island.graph, len(ranks), for_cpu=True, isolate=context.config.isolate_lowering,
             disk_cache=context.disk_cache,
         )
-        lower_seconds, lower_source = time.perf_counter() - started, "torch-mlir"
+        lower_seconds = time.perf_counter() - started
         input_specs, output_specs = graph_specs(island.graph)
         loaded, stats = collectives.compile_for_group(
             lowered.module, ranks, runtime, context.disk_cache, input_specs=input_specs

@@ -73,11 +73,12 @@ def lower_with_collectives(
     for_cpu: bool,
     isolate: bool,
     disk_cache: Optional[CacheDir] = None,
-) -> LoweredModule:
+) -> tuple[LoweredModule, str]:
     """One rank's program for ``gm``, whose collectives all run over one
-    process group of ``group_size`` ranks (replica ``i`` is group rank ``i``).
-    Each segment goes through the graph level of ``disk_cache``: a restarted
-    job's ranks skip torch-mlir."""
+    process group of ``group_size`` ranks (replica ``i`` is group rank ``i``),
+    and where it came from: ``torch-mlir``, or ``disk`` when every segment
+    came from the graph level of ``disk_cache`` (a restarted job's ranks
+    skip torch-mlir)."""
     from jaxlib.mlir import ir
 
     from tpu_inductor.lowering.cache import lower_cached
@@ -85,13 +86,14 @@ def lower_with_collectives(
 
     segments, depth = _segments(gm)
     with mlir_context():
-        functions, signatures = [], []
+        functions, signatures, sources = [], [], set()
         for index, nodes in enumerate(segments):
             if not nodes:
                 signatures.append(None)
                 continue
             sub_gm, inputs, outputs = fuse_as_graphmodule(gm, nodes, f"segment_{index}", always_return_tuple=True)
-            lowered, _ = lower_cached(sub_gm, disk_cache, for_cpu=for_cpu, isolate=isolate)
+            lowered, stats = lower_cached(sub_gm, disk_cache, for_cpu=for_cpu, isolate=isolate)
+            sources.add(stats.source)
             text, arguments, results = _as_private_function(ir.Module.parse(lowered.module), f"segment_{index}")
             functions.append(text)
             signatures.append((inputs, outputs, arguments, results))
@@ -101,7 +103,7 @@ def lower_with_collectives(
             raise LoweringError("the stitched collective island does not verify")
         bytecode = bytecode_of(module)
     input_specs, output_specs = graph_specs(gm)
-    return LoweredModule(bytecode, input_specs, output_specs)
+    return LoweredModule(bytecode, input_specs, output_specs), "disk" if sources == {"disk"} else "torch-mlir"
 
 
 def _segments(gm: torch.fx.GraphModule) -> tuple[list[list[torch.fx.Node]], dict[torch.fx.Node, int]]:
