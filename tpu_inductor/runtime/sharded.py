@@ -73,7 +73,11 @@ def device_slices(sharding: Any, shape: Sequence[int]) -> Optional[dict[int, tup
 
 def result_parts(sharding: Any, shape: Sequence[int]) -> Parts:
     """One device per distinct part of a result (:func:`device_slices`)."""
-    slices = device_slices(sharding, shape)
+    return distinct_parts(device_slices(sharding, shape))
+
+
+def distinct_parts(slices: Optional[dict[int, tuple[slice, ...]]]) -> Parts:
+    """One device per distinct part, from :func:`device_slices`' answer."""
     if slices is None:
         return None
     first: dict[tuple, int] = {}
@@ -124,13 +128,9 @@ class ShardedExecutable(DeviceExecutable):
         self._mesh = mesh
         self._input_shardings = tuple(input_shardings)
         self._output_shardings = [jaxlib_api.sharding_from_proto(p) for p in loaded.get_output_shardings()]
-        self._output_parts = [
-            result_parts(sharding, spec.shape) for sharding, spec in zip(self._output_shardings, output_specs)
-        ]
-        self._result_layouts = [
-            result_shards.layout_of(mesh, device_slices(sharding, spec.shape))
-            for sharding, spec in zip(self._output_shardings, output_specs)
-        ]
+        slices = [device_slices(sharding, spec.shape) for sharding, spec in zip(self._output_shardings, output_specs)]
+        self._output_parts = [distinct_parts(each) for each in slices]
+        self._result_layouts = [result_shards.layout_of(mesh, each) for each in slices]
         """Per result, where each device's part lies, noted on every result for
         ``tpu_inductor.shards``."""
         self.output_layouts = [
