@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from models import MODELS  # noqa: E402  (the model suite's own builders)
 
-from benchmarks.paired_rounds import calls_per_round, interleaved, paired_ratios  # noqa: E402
+from benchmarks.paired_rounds import calls_per_round, interleaved, paired_ratios, timed_calls  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 README = ROOT / "README.md"
@@ -202,7 +202,8 @@ def _paired(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
         call()
         first[path] = time.perf_counter() - started
         call()
-    samples = interleaved(calls, rounds, calls_per_round(calls, 0.05))
+    timers = {path: timed_calls(call) for path, call in calls.items()}
+    samples = interleaved(timers, rounds, calls_per_round(timers, 0.05))
     return {
         "first_call_s": first,
         "median_s": {path: statistics.median(times) for path, times in samples.per_call_s.items()},

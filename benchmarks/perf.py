@@ -47,7 +47,11 @@ Workloads (float32, fixed seeds, inference in eval mode under no_grad):
   runs on what the first compiled. Each path starts from a reset Dynamo and an
   empty in-memory executable cache.
 
-Timing: each path's first call (the compile) is timed alone, then steady state
+Timing: each path of a workload runs in a process of its own (``paired_rounds.PathWorker``:
+a user runs one backend in a process, and paths sharing one slowed each other
+through OpenMP's and XLA's threads and glibc's malloc state; ``--one-process``
+runs them side by side in this process, as before 2026-12-04). Each path's
+first call (the compile) is timed alone, then steady state
 is measured in interleaved rounds: every round runs the same number of calls on
 each path, in an order rotated from round to round, and records the time per
 call. Printed are medians over rounds and *paired* speed ratios: for each round
@@ -181,7 +185,17 @@ import torch._inductor.config  # noqa: E402
 from tpu_inductor.process_state import STATE  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from benchmarks.paired_rounds import calls_per_round, interleaved, paired_ratios  # noqa: E402
+from benchmarks.paired_rounds import (  # noqa: E402
+    Call,
+    Handler,
+    PathWorker,
+    Timer,
+    calls_per_round,
+    interleaved,
+    paired_ratios,
+    timed_calls,
+    wait_until_quiet,
+)
 from benchmarks.perf_models import MLP, _seeded, mlp_jax, to_jax  # noqa: E402
 from benchmarks.perf_report import (  # noqa: E402
     RESULTS_PAGE,
@@ -233,21 +247,16 @@ def check_against_eager(name: str, outputs: Mapping[str, Any]) -> None:
         )
 
 
-def warm_up(workload: Workload) -> dict[str, float]:
-    """Each path's first-call latency; outputs of the first and last warm-up calls
-    are checked against eager's (training paths follow the same trajectory)."""
-    first_call: dict[str, float] = {}
-    first_outputs: dict[str, Any] = {}
-    last_outputs: dict[str, Any] = {}
-    for path, call in workload.calls.items():
-        started = time.perf_counter()
-        first_outputs[path] = as_numpy(call())
-        first_call[path] = time.perf_counter() - started
-        for _ in range(WARMUP_CALLS):
-            last_outputs[path] = as_numpy(call())
-    check_against_eager(workload.name, first_outputs)
-    check_against_eager(workload.name, last_outputs)
-    return first_call
+def warm_up(call: Call) -> tuple[float, np.ndarray, np.ndarray]:
+    """A path's first-call latency and the outputs of its first and last
+    warm-up calls, to be checked against eager's (training paths follow the
+    same trajectory)."""
+    started = time.perf_counter()
+    first_output = as_numpy(call())
+    first_call = time.perf_counter() - started
+    for _ in range(WARMUP_CALLS):
+        last_output = as_numpy(call())
+    return first_call, first_output, last_output
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,16 +264,79 @@ class Settings:
     rounds: int
     batch_target_s: float
     dynamic_repeats: int
+    one_process: bool = False
 
 
-def run_steady(workload: Workload, settings: Settings) -> dict[str, Any]:
-    with torch.set_grad_enabled(workload.grad):
-        first_call = warm_up(workload)
-        batch = calls_per_round(workload.calls, settings.batch_target_s)
-        samples = interleaved(workload.calls, settings.rounds, batch)
-    median = {path: statistics.median(samples.per_call_s[path]) for path in PATHS}
-    return {
+def serve_path(name: str, path: str) -> tuple[Handler, dict[str, Any]]:
+    """In a path's own process (:class:`PathWorker`): workload ``name``'s call
+    for ``path``, its backend primed and the call warmed up."""
+    setup_s = prime_backends((path,) if path in COMPILED else ())
+    workload = BUILDERS[name]()
+    torch.set_grad_enabled(workload.grad)
+    first_call, first_output, last_output = warm_up(workload.calls[path])
+    info = {
         "description": workload.description,
+        "first_call_s": first_call,
+        "first_output": first_output,
+        "last_output": last_output,
+        "setup_s": setup_s,
+    }
+    return timed_calls(workload.calls[path]), info
+
+
+def batch_seconds(quick: bool, one_process: bool) -> float:
+    """How long each path's batch of calls in a round lasts. A path in its own
+    process starts each batch with its threads parked and its caches cold;
+    half a second makes that a small part of the batch: the one-token decode
+    measured 0.67-1.44 ms a call in 50 ms batches and 0.32-0.84 ms in 0.5 s
+    ones, as each path does in a loop of its own."""
+    if one_process:
+        return 0.02 if quick else 0.05
+    return 0.1 if quick else 0.5
+
+
+def run_steady(name: str, settings: Settings) -> dict[str, Any]:
+    if settings.one_process:
+        return steady_results(name, *_timers_in_this_process(name), settings)
+    workers: dict[str, PathWorker] = {}
+    try:
+        for path in PATHS:  # one at a time: compile times are taken alone
+            workers[path] = PathWorker(serve_path, name, path)
+        infos = {path: worker.info for path, worker in workers.items()}
+        wait_until_quiet()
+        return steady_results(name, {path: worker.ask for path, worker in workers.items()}, infos, settings)
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
+def _timers_in_this_process(name: str) -> tuple[dict[str, Timer], dict[str, dict[str, Any]]]:
+    workload = BUILDERS[name]()
+    torch.set_grad_enabled(workload.grad)
+    infos = {}
+    for path, call in workload.calls.items():
+        first_call, first_output, last_output = warm_up(call)
+        infos[path] = {
+            "description": workload.description,
+            "first_call_s": first_call,
+            "first_output": first_output,
+            "last_output": last_output,
+        }
+    return {path: timed_calls(call) for path, call in workload.calls.items()}, infos
+
+
+def steady_results(
+    name: str, timers: Mapping[str, Timer], infos: Mapping[str, Mapping[str, Any]], settings: Settings
+) -> dict[str, Any]:
+    """Outputs checked against eager's, then paired rounds over ``timers``."""
+    for output in ("first_output", "last_output"):
+        check_against_eager(name, {path: info[output] for path, info in infos.items()})
+    batch = calls_per_round(timers, settings.batch_target_s)
+    samples = interleaved(timers, settings.rounds, batch)
+    median = {path: statistics.median(samples.per_call_s[path]) for path in PATHS}
+    first_call = {path: info["first_call_s"] for path, info in infos.items()}
+    return {
+        "description": infos["eager"]["description"],
         "median_s": median,
         "speed_ratio": paired_ratios(samples.per_call_s, OTHERS),
         "first_call_s": first_call,
@@ -322,15 +394,16 @@ def run_dynamic(settings: Settings) -> dict[str, Any]:
     }
 
 
-def prime_backends() -> dict[str, float]:
-    """One throwaway compile per backend, so that one-time process setup (imports,
-    PJRT client, compile workers) lands in no workload; returns its seconds."""
+def prime_backends(paths: Sequence[str] = COMPILED) -> dict[str, float]:
+    """One throwaway compile per backend of ``paths``, so that one-time process
+    setup (imports, PJRT client, compile workers) lands in no workload; returns
+    its seconds."""
 
     def double(x: Any) -> Any:
         return x * 2
 
     seconds = {}
-    for path in COMPILED:
+    for path in paths:
         if path == "jax":
             call = jax_call(double, jnp.ones(8))
         else:
@@ -352,7 +425,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add("--quick", action="store_true", help="few rounds, for development; writes no files")
     add("--only", type=lambda s: s.split(","), default=list(WORKLOADS),
         help=f"comma-separated subset of {','.join(WORKLOADS)}; writes no files")
-    add("--rounds", type=int, help="interleaved rounds (default 30, --quick 5)")
+    add("--rounds", type=int, help="interleaved rounds (default 20, 30 with --one-process, 5 with --quick)")
+    add("--one-process", action="store_true",
+        help="run every path in this process, side by side (default: a process per path)")
     add("--json", type=Path,
         help=f"where to write results (default {DEFAULT_JSON.relative_to(ROOT)})")
     add("--write-docs", action="store_true", help="regenerate the results table in docs/performance.md")
@@ -375,21 +450,24 @@ def main(argv: Sequence[str]) -> int:
         print(report_text(json.loads(args.table_from.read_text())))
         return 0
     settings = Settings(
-        rounds=args.rounds or (5 if args.quick else 30),
-        batch_target_s=0.02 if args.quick else 0.05,
+        rounds=args.rounds or (5 if args.quick else 30 if args.one_process else 20),
+        batch_target_s=batch_seconds(args.quick, args.one_process),
         dynamic_repeats=1 if args.quick else 3,
+        one_process=args.one_process,
     )
     load_start = os.getloadavg()[0]
     pins = " ".join(f"{k}={os.environ.get(k)!r}" for k in PINNED)
     print(f"threads={THREADS} {pins} allocator={ALLOCATOR} load={load_start:.2f}", flush=True)
-    setup_s = prime_backends()
+    # Paths in processes of their own prime their backends there; the dynamic
+    # workload and --one-process run here.
+    setup_s = prime_backends() if args.one_process or "dynamic" in args.only else {}
     results: dict[str, Any] = {}
     for name in (w for w in WORKLOADS if w in args.only):
         print(f"{name} ...", flush=True)
         if name == "dynamic":
             results[name] = run_dynamic(settings)
         else:
-            results[name] = run_steady(BUILDERS[name](), settings)
+            results[name] = run_steady(name, settings)
         print_progress(name, results[name])
     bars = evaluate_bars(results, pinned=bool(THREADS))
     report = {
@@ -406,6 +484,7 @@ def main(argv: Sequence[str]) -> int:
             "commit": commit(),
             "inductor_compile_threads": torch._inductor.config.compile_threads,
             "first_compile_in_process_s": setup_s,
+            "paths_in": "one process" if args.one_process else "a process each",
         },
         "settings": {**dataclasses.asdict(settings), "quick": args.quick},
         "workloads": results,

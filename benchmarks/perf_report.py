@@ -118,6 +118,13 @@ BAR_HEADER = ["bar", "measured", "needed", "verdict"]
 RESULT_HEADER = ["workload", *(LABELS[p] for p in PATHS), *(f"tpu vs {LABELS[o]}" for o in OTHERS)]
 
 
+def _paths_in(meta: Mapping[str, Any]) -> str:
+    """Where the paths ran (runs before 2026-12-04 ran them in one process)."""
+    if meta.get("paths_in", "one process") == "one process":
+        return "every path in one process"
+    return "each path in a process of its own"
+
+
 def report_text(report: Mapping[str, Any]) -> str:
     """The results and bars as markdown tables (printed, and put in docs/performance.md)."""
     meta = report["meta"]
@@ -133,7 +140,8 @@ def report_text(report: Mapping[str, Any]) -> str:
         f"{settings}"
         f"torch {meta['versions']['torch']}, "
         f"jaxlib {meta['versions']['jaxlib']}, tpu_inductor {meta['commit']}. Medians over "
-        f"{report['settings']['rounds']} interleaved rounds; \"tpu vs X\" is the median over "
+        f"{report['settings']['rounds']} interleaved rounds, "
+        f"{_paths_in(meta)}; \"tpu vs X\" is the median over "
         "rounds of X's time / tpu's time (> 1: tpu is faster).",
         "",
         markdown(RESULT_HEADER, result_rows(report["workloads"])),
