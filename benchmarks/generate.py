@@ -23,10 +23,10 @@ and the device per decode token on ``zero_copy=False`` (a TPU's path) beside
 the whole cache's size (``transfers``: a counted, noise-free check that the
 cache is updated on the device side). With ``--timing``, steady-state
 prefill latency and per-token decode latency (and tokens/s) for eager,
-Inductor and tpu, medians of paired rounds, the paths' order rotating each
-round (prompt 12; decode = (T(33
-tokens) - T(1 token)) / 32, prefill = T(1 token)), and Inductor's first
-call and Dynamo graph count.
+Inductor and tpu, each path in a process of its own, medians of paired
+rounds, the paths' order rotating each round (prompt 12; decode = (T(33
+tokens) - T(1 token)) / 32, prefill = T(1 token), medians of 8 of each per
+round), and Inductor's first call and Dynamo graph count.
 
 Nothing is pinned (threads, allocator, XLA flags): these are the numbers at
 the settings users run. The load average is recorded at start and end.
@@ -254,48 +254,74 @@ def correctness(arch: str, mode: str) -> dict:
     }
 
 
-def timing(arch: str, mode: str, rounds: int) -> dict:
-    """Steady-state prefill and per-token decode latency, eager / Inductor / tpu,
-    each warmed up first, medians of paired rounds."""
+TIMING_REPEATS = 8
+"""Prefill and generate pairs a path runs per round: ~0.3 s of work, so that
+a path's process, idle while the others ran, is warm for most of it."""
+
+
+def serve_generator(arch: str, mode: str, backend: Optional[str], device: str) -> tuple[Callable[[str], Any], dict]:
+    """In a path's own process (``paired_rounds.PathWorker``): a generator
+    for ``backend`` (None: eager), warmed up at prompt 12. Its handler answers
+    ``"round"`` with that round's prefill and per-token decode seconds, and
+    ``"eager_frames"`` with the ``forward`` calls Dynamo ran in eager since."""
     import torch._dynamo.utils
 
-    # Both compiled backends compile the same code object in this process:
-    # Dynamo's per-code recompile limit (8) would send one of them to eager.
-    torch._dynamo.reset()
-    torch._dynamo.config.recompile_limit = 64
+    global DEVICE
+    DEVICE = device
     gave_up = dynamo_gave_up()
-    backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
-    generators = {name: Generator(arch, mode, b) for name, b in backends.items()}
+    generate = Generator(arch, mode, backend)
     ids, mask = prompt(12)
-    first: dict[str, dict[str, float]] = {}
-    for name, generate in generators.items():  # warm-up: every compile happens here
-        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    started = time.perf_counter()
+    generate(ids, mask, NEW_TOKENS + 1)  # every compile happens here
+    synchronize()
+    first = {"first_call": time.perf_counter() - started,
+             "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
+    generate(ids, mask, 1)
+
+    def timed(new_tokens: int) -> float:
         started = time.perf_counter()
-        generate(ids, mask, NEW_TOKENS + 1)
+        generate(ids, mask, new_tokens)
         synchronize()
-        first[name] = {"first_call": time.perf_counter() - started,
-                       "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
-        generate(ids, mask, 1)
-    samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in generators}
-    names = list(generators)
-    for round_index in range(rounds):
-        # The order rotates: a path right after Inductor's ran ~15% slower in
-        # a fixed order (its OpenMP workers still spinning), whichever it was.
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            generate = generators[name]
-            started = time.perf_counter()
-            generate(ids, mask, 1)
-            synchronize()
-            one = time.perf_counter() - started
-            started = time.perf_counter()
-            generate(ids, mask, NEW_TOKENS + 1)
-            synchronize()
-            many = time.perf_counter() - started
-            samples[name]["prefill"].append(one)
-            samples[name]["decode"].append((many - one) / NEW_TOKENS)
-    if dynamo_gave_up() > gave_up or not all(first[n]["dynamo_graphs"] for n in ("inductor", "tpu")):
-        raise RuntimeError(f"a compiled backend ran in eager: {first}")
+        return time.perf_counter() - started
+
+    def handle(message: str) -> Any:
+        if message == "eager_frames":
+            return dynamo_gave_up() - gave_up
+        one = [timed(1) for _ in range(TIMING_REPEATS)]
+        many = [timed(NEW_TOKENS + 1) for _ in range(TIMING_REPEATS)]
+        return {"prefill": statistics.median(one), "decode": (statistics.median(many) - statistics.median(one)) / NEW_TOKENS}
+
+    return handle, first
+
+
+def timing(arch: str, mode: str, rounds: int) -> dict:
+    """Steady-state prefill and per-token decode latency, eager / Inductor / tpu,
+    each in a process of its own (a user runs one backend in a process: paths
+    sharing one slowed each other), warmed up first, medians of paired rounds
+    with the paths' order rotated each round."""
+    from benchmarks.paired_rounds import PathWorker, wait_until_quiet
+
+    backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
+    workers: dict[str, PathWorker] = {}
+    try:
+        for name, backend in backends.items():  # one at a time: first calls are timed alone
+            workers[name] = PathWorker(serve_generator, arch, mode, backend, DEVICE)
+        wait_until_quiet()
+        samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in workers}
+        names = list(workers)
+        for round_index in range(rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                for key, seconds in workers[name].ask("round").items():
+                    samples[name][key].append(seconds)
+        ran_in_eager = {name: workers[name].ask("eager_frames") for name in ("inductor", "tpu")}
+        first = {name: worker.info for name, worker in workers.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    if any(ran_in_eager.values()) or not all(first[n]["dynamo_graphs"] for n in ("inductor", "tpu")):
+        raise RuntimeError(f"a compiled backend ran in eager: {first}, forward calls in eager {ran_in_eager}")
     medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
     for name in medians:
         medians[name]["tokens_per_second"] = 1.0 / medians[name]["decode"]
