@@ -122,7 +122,8 @@ def wait_until_quiet(busy_below: float = 0.1, window_s: float = 0.5, limit_s: fl
 class PathWorker:
     """One path of a benchmark, served from a process of its own.
 
-    It starts once the machine is quiet (:func:`wait_until_quiet`).
+    It starts once the machine is quiet (:func:`wait_until_quiet`) unless
+    ``quiet_start`` is false.
     ``setup(*args)`` runs in the new process (spawned: nothing inherited but
     the environment) and returns ``(handler, info)``: ``info`` comes back as
     :attr:`info`, and every later :meth:`ask` runs ``handler`` on its message
@@ -131,10 +132,11 @@ class PathWorker:
     messages must pickle (a module-level function and plain data).
     """
 
-    def __init__(self, setup: Callable[..., tuple[Handler, Any]], *args: Any) -> None:
-        # What the last path's set-up left running (Inductor's compile
-        # processes) must not share the cores with this one's compile.
-        wait_until_quiet()
+    def __init__(self, setup: Callable[..., tuple[Handler, Any]], *args: Any, quiet_start: bool = True) -> None:
+        if quiet_start:
+            # What the last path's set-up left running (Inductor's compile
+            # processes) must not share the cores with this one's compile.
+            wait_until_quiet()
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
         self._process = context.Process(target=_serve, args=(child, setup, args), daemon=True)

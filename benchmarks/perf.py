@@ -267,21 +267,26 @@ class Settings:
     one_process: bool = False
 
 
-def serve_path(name: str, path: str) -> tuple[Handler, dict[str, Any]]:
-    """In a path's own process (:class:`PathWorker`): workload ``name``'s call
-    for ``path``, its backend primed and the call warmed up."""
-    setup_s = prime_backends((path,) if path in COMPILED else ())
-    workload = BUILDERS[name]()
-    torch.set_grad_enabled(workload.grad)
+def warmed(workload: Workload, path: str) -> tuple[Timer, dict[str, Any]]:
+    """``path``'s call of ``workload`` warmed up, as a timer, and what the
+    parent needs of it: its first-call seconds and outputs to check."""
     first_call, first_output, last_output = warm_up(workload.calls[path])
     info = {
         "description": workload.description,
         "first_call_s": first_call,
         "first_output": first_output,
         "last_output": last_output,
-        "setup_s": setup_s,
     }
     return timed_calls(workload.calls[path]), info
+
+
+def serve_path(name: str, path: str) -> tuple[Handler, dict[str, Any]]:
+    """In a path's own process (:class:`PathWorker`): workload ``name``'s call
+    for ``path``, its backend primed and the call warmed up."""
+    prime_backends((path,) if path in COMPILED else ())
+    workload = BUILDERS[name]()
+    torch.set_grad_enabled(workload.grad)  # for the process's life: it serves this workload only
+    return warmed(workload, path)
 
 
 def batch_seconds(quick: bool, one_process: bool) -> float:
@@ -297,7 +302,11 @@ def batch_seconds(quick: bool, one_process: bool) -> float:
 
 def run_steady(name: str, settings: Settings) -> dict[str, Any]:
     if settings.one_process:
-        return steady_results(name, *_timers_in_this_process(name), settings)
+        workload = BUILDERS[name]()
+        with torch.set_grad_enabled(workload.grad):
+            paths = {path: warmed(workload, path) for path in PATHS}
+            timers = {path: timer for path, (timer, _) in paths.items()}
+            return steady_results(name, timers, {path: info for path, (_, info) in paths.items()}, settings)
     workers: dict[str, PathWorker] = {}
     try:
         for path in PATHS:  # one at a time: compile times are taken alone
@@ -308,21 +317,6 @@ def run_steady(name: str, settings: Settings) -> dict[str, Any]:
     finally:
         for worker in workers.values():
             worker.close()
-
-
-def _timers_in_this_process(name: str) -> tuple[dict[str, Timer], dict[str, dict[str, Any]]]:
-    workload = BUILDERS[name]()
-    torch.set_grad_enabled(workload.grad)
-    infos = {}
-    for path, call in workload.calls.items():
-        first_call, first_output, last_output = warm_up(call)
-        infos[path] = {
-            "description": workload.description,
-            "first_call_s": first_call,
-            "first_output": first_output,
-            "last_output": last_output,
-        }
-    return {path: timed_calls(call) for path, call in workload.calls.items()}, infos
 
 
 def steady_results(
