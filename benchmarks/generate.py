@@ -300,26 +300,18 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
     each in a process of its own (a user runs one backend in a process: paths
     sharing one slowed each other), warmed up first, medians of paired rounds
     with the paths' order rotated each round."""
-    from benchmarks.paired_rounds import PathWorker, wait_until_quiet
+    from benchmarks.paired_rounds import path_workers, rotated
 
     backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
-    workers: dict[str, PathWorker] = {}
-    try:
-        for name, backend in backends.items():  # one at a time: first calls are timed alone
-            workers[name] = PathWorker(serve_generator, arch, mode, backend, DEVICE)
-        wait_until_quiet()
+    setups = {name: (serve_generator, arch, mode, backend, DEVICE) for name, backend in backends.items()}
+    with path_workers(setups) as workers:
         samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in workers}
-        names = list(workers)
         for round_index in range(rounds):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in rotated(list(workers), round_index):
                 for key, seconds in workers[name].ask("round").items():
                     samples[name][key].append(seconds)
         ran_in_eager = {name: workers[name].ask("eager_frames") for name in ("inductor", "tpu")}
         first = {name: worker.info for name, worker in workers.items()}
-    finally:
-        for worker in workers.values():
-            worker.close()
     if any(ran_in_eager.values()) or not all(first[n]["dynamo_graphs"] for n in ("inductor", "tpu")):
         raise RuntimeError(f"a compiled backend ran in eager: {first}, forward calls in eager {ran_in_eager}")
     medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}

@@ -18,6 +18,7 @@ its own (eager 14.9 and 14.6-17.9 ms).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import multiprocessing
@@ -25,7 +26,7 @@ import statistics
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 Call = Callable[[], Any]
 Timer = Callable[[int], tuple[float, float]]
@@ -60,6 +61,13 @@ class Samples:
     calls_per_round: int
 
 
+def rotated(names: Sequence[str], round_index: int) -> list[str]:
+    """The order the paths run in, in round ``round_index``: shifted by one each
+    round, so that no path always follows the same other one."""
+    shift = round_index % len(names)
+    return [*names[shift:], *names[:shift]]
+
+
 def interleaved(timers: Mapping[str, Timer], rounds: int, batch: int) -> Samples:
     """``rounds`` rounds; each times ``batch`` calls of every path, order rotated per round."""
     names = list(timers)
@@ -70,8 +78,7 @@ def interleaved(timers: Mapping[str, Timer], rounds: int, batch: int) -> Samples
     gc.disable()
     try:
         for index in range(rounds):
-            shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in rotated(names, index):
                 elapsed, cpu_seconds = timers[name](batch)
                 per_call[name].append(elapsed / batch)
                 wall[name] += elapsed
@@ -101,7 +108,8 @@ def wait_until_quiet(busy_below: float = 0.1, window_s: float = 0.5, limit_s: fl
     """
 
     def busy_and_total() -> tuple[int, int]:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
         idle = fields[3] + fields[4]  # idle, iowait
         return sum(fields) - idle, sum(fields)
 
@@ -182,3 +190,20 @@ def _serve(connection: Connection, setup: Callable[..., tuple[Handler, Any]], ar
         except BaseException:
             connection.send(("error", traceback.format_exc()))
             return
+
+
+@contextlib.contextmanager
+def path_workers(setups: Mapping[str, tuple]) -> Iterator[dict[str, PathWorker]]:
+    """A :class:`PathWorker` per path, ``setups[path]`` being its ``(setup,
+    *args)``: started one at a time (each set-up, first calls included, runs
+    alone), then the machine left to go quiet before the caller's rounds;
+    closed on the way out."""
+    workers: dict[str, PathWorker] = {}
+    try:
+        for path, (setup, *args) in setups.items():
+            workers[path] = PathWorker(setup, *args)
+        wait_until_quiet()
+        yield workers
+    finally:
+        for worker in workers.values():
+            worker.close()

@@ -188,13 +188,12 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.paired_rounds import (  # noqa: E402
     Call,
     Handler,
-    PathWorker,
     Timer,
     calls_per_round,
     interleaved,
     paired_ratios,
+    path_workers,
     timed_calls,
-    wait_until_quiet,
 )
 from benchmarks.perf_models import MLP, _seeded, mlp_jax, to_jax  # noqa: E402
 from benchmarks.perf_report import (  # noqa: E402
@@ -307,16 +306,9 @@ def run_steady(name: str, settings: Settings) -> dict[str, Any]:
             paths = {path: warmed(workload, path) for path in PATHS}
             timers = {path: timer for path, (timer, _) in paths.items()}
             return steady_results(name, timers, {path: info for path, (_, info) in paths.items()}, settings)
-    workers: dict[str, PathWorker] = {}
-    try:
-        for path in PATHS:  # one at a time: compile times are taken alone
-            workers[path] = PathWorker(serve_path, name, path)
+    with path_workers({path: (serve_path, name, path) for path in PATHS}) as workers:
         infos = {path: worker.info for path, worker in workers.items()}
-        wait_until_quiet()
         return steady_results(name, {path: worker.ask for path, worker in workers.items()}, infos, settings)
-    finally:
-        for worker in workers.values():
-            worker.close()
 
 
 def steady_results(
