@@ -49,6 +49,6 @@ os.environ.setdefault("TPU_INDUCTOR_TPU_READINESS", "1")
 
 @pytest.fixture
 def eager_convolutions(monkeypatch):
-    """Every convolution 'measures' faster in eager: the choice is decided, not timed."""
-    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3))
+    """Every convolution 'measures' faster in eager, on every thread: the choice is decided, not timed."""
+    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3, 2e-3))
     monkeypatch.setattr(STATE, "kernel_choosers", {})

@@ -30,11 +30,11 @@ class ConvBlock(torch.nn.Module):
 def timings(monkeypatch):
     """Every conv signature 'measures' as given; counts the measurements."""
     measured = []
-    result = {"eager_s": 1e-3, "xla_s": 2e-3}
+    result = {"eager_s": 1e-3, "xla_s": 2e-3, "one_thread_s": None}  # None: twice eager_s
 
     def measure(self, gm, node):
         measured.append(node)
-        return result["eager_s"], result["xla_s"]
+        return result["eager_s"], result["xla_s"], result["one_thread_s"] or 2 * result["eager_s"]
 
     monkeypatch.setattr(KernelChooser, "_measure", measure)
     monkeypatch.setattr(STATE, "kernel_choosers", {})
@@ -75,6 +75,50 @@ def test_faster_eager_kernel_runs_the_conv(timings, tmp_path):
     page = render(report.current())
     choices = page[page.index('id="eager-kernels"'):page.index('id="recompiles"')]
     assert "convolution_pointwise_channels_last" in choices
+
+
+def test_a_kernel_that_every_thread_barely_speeds_up_runs_on_the_calling_thread(timings, tmp_path, monkeypatch):
+    """0.2 ms saved on every thread is less than starting OpenMP's workers
+    after an island costs (kernel_choice.WORKER_START_S): the kernel runs on
+    the calling thread alone, and the thread count is back after it."""
+    import functools
+
+    from tpu_inductor.passes import conv_epilogue
+    from tpu_inductor.torch_api import FakeTensor
+
+    threads_inside = []
+    real = conv_epilogue.convolution_pointwise_channels_last
+
+    @functools.wraps(real)
+    def counting(*args):
+        if not isinstance(args[0], FakeTensor):
+            threads_inside.append(torch.get_num_threads())
+        return real(*args)
+
+    monkeypatch.setattr(conv_epilogue, "convolution_pointwise_channels_last", counting)
+    timings["one_thread_s"] = 1.2e-3
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected, actual = _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(actual, expected)
+    (conv,) = _measured_choices(_graph())
+    assert "1.200 ms on the calling thread" in conv.reason
+    assert threads_inside == [1]
+
+
+def test_a_kernel_that_every_thread_speeds_up_runs_on_every_thread(timings, tmp_path):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))  # 1 ms saved on every thread
+    finally:
+        torch.set_num_threads(before)
+    (conv,) = _measured_choices(_graph())
+    assert "1.000 ms on 2 threads" in conv.reason
 
 
 def test_slower_eager_kernel_leaves_the_conv_on_the_device(timings, tmp_path):

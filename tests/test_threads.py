@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 import tpu_inductor.compiled_graph as compiled_graph
@@ -35,7 +36,7 @@ def test_an_island_after_eager_compute_releases_the_workers_first(monkeypatch):
     def f(a):
         return torch.special.i0(a.sin()).cos()  # island, eager i0, island
 
-    a = torch.randn(64)
+    a = torch.randn(threads.PARALLEL_GRAIN)  # enough for PyTorch to split i0 over its threads
     compiled = torch.compile(f, backend="tpu", options={"cache": False})
     torch.testing.assert_close(compiled(a), f(a))
     (graph,) = report.current().graphs
@@ -43,6 +44,57 @@ def test_an_island_after_eager_compute_releases_the_workers_first(monkeypatch):
     assert len(released) == 1  # before the second island only
     compiled(a)
     assert len(released) == 2
+
+
+def test_eager_work_too_small_to_split_releases_nothing(monkeypatch):
+    """PyTorch runs fewer than PARALLEL_GRAIN elements on the calling thread:
+    no workers started, none to stop."""
+    released = _island_calls(monkeypatch)
+    monkeypatch.setattr(compiled_graph, "eager_workers_compete", lambda shares: shares)
+    a = torch.randn(64)
+    compiled = torch.compile(lambda a: torch.special.i0(a.sin()).cos(), backend="tpu", options={"cache": False})
+    torch.testing.assert_close(compiled(a), torch.special.i0(a.sin()).cos())
+    assert len(report.current().graphs[0].islands) == 2
+    assert released == []
+
+
+def test_a_kernel_on_the_calling_thread_releases_nothing_and_restores_the_count(monkeypatch, eager_convolutions):
+    """A convolution chosen for the calling thread (kernel timings: 1 ms on
+    every thread, 1.1 ms alone) starts no workers, so the island after it
+    does not stop any; an exception inside still restores the thread count."""
+    released = _island_calls(monkeypatch)
+    monkeypatch.setattr(compiled_graph, "eager_workers_compete", lambda shares: shares)
+    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3, 1.1e-3))
+    convolution = torch.nn.Conv2d(8, 8, 3, padding=1).eval()
+
+    def f(x):
+        return convolution(x).tanh().sum(1)  # eager convolution, then an island
+
+    x = torch.randn(2, 8, 64, 64)  # the convolution's output is large enough to split
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            compiled = torch.compile(f, backend="tpu", options={"cache": False})
+            torch.testing.assert_close(compiled(x), f(x))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    (graph,) = report.current().graphs
+    assert ["on the calling thread" in k.reason for k in graph.eager_kernels] == [True]
+    assert len(graph.islands) == 1
+    assert released == []
+
+    def fails():
+        raise RuntimeError("inside")
+
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            threads.on_calling_thread(fails)()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_nothing_is_released_with_one_thread(monkeypatch):
@@ -84,7 +136,7 @@ def test_xla_pool_follows_the_configured_size_else_torch(monkeypatch):
 
 def test_kernel_timings_are_kept_per_thread_count(monkeypatch, tmp_path):
     measured = []
-    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (measured.append(node), (1e-3, 2e-3))[1])
+    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (measured.append(node), (1e-3, 2e-3, 2e-3))[1])
     monkeypatch.setattr(STATE, "kernel_choosers", {})
     model = torch.nn.Conv2d(8, 8, 3, padding=1).eval()
     x = torch.randn(2, 8, 16, 16)

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.rewrite import GraphBuilder
+from tpu_inductor.runtime.threads import carry_thread_choice
 
 aten = torch.ops.aten
 
@@ -69,6 +70,7 @@ def run_channels_last(gm: torch.fx.GraphModule, chosen: dict[torch.fx.Node, str]
             result[node] = reason
             continue
         conv = _rewrite_convolution(gm.graph, node, nhwc, conv_inputs)
+        carry_thread_choice(node, conv)
         result[conv] = f"{reason}; channels-last"
     if nhwc:
         _propagate(gm.graph, nhwc)

@@ -54,6 +54,7 @@ from tpu_inductor.torch_api import FakeTensor
 
 from tpu_inductor.passes.channels_last import FROM_CHANNELS_LAST, TO_CHANNELS_LAST, convolution_channels_last
 from tpu_inductor.passes.rewrite import GraphBuilder
+from tpu_inductor.runtime.threads import carry_thread_choice
 
 aten = torch.ops.aten
 
@@ -132,6 +133,7 @@ def fuse_convolution_epilogues(gm: torch.fx.GraphModule, chosen: dict[torch.fx.N
             result[node] = reason
             continue
         fused = _rewrite(gm.graph, node, epilogue)
+        carry_thread_choice(node, fused)
         result[fused] = f"{reason}; fused with {epilogue.describe()}"
     if result.keys() != chosen.keys():
         gm.graph.eliminate_dead_code()

@@ -11,6 +11,10 @@ and XLA's pool: runtime/threads.py), and the decision is kept beside the
 cache, keyed by both counts, so that later compiles and processes with the
 same threads choose the same way.
 
+PyTorch's kernel is also timed on the calling thread alone, and runs there
+unless every thread saves more than starting OpenMP's workers after an
+island costs (:data:`WORKER_START_S`; runtime/threads.py says why).
+
 A 2-D convolution chosen for eager runs channels-last, and the pointwise
 ops around it follow (passes/channels_last.py); it is timed that way.
 bfloat16/float16 matmuls are candidates too (XLA:CPU's half-precision dot
@@ -30,6 +34,7 @@ after: ``convolution`` in eager, ``island -> [mul, add, relu]``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
@@ -51,6 +56,7 @@ from tpu_inductor.passes.channels_last import (
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
 from tpu_inductor.placement.partition import TRANSPOSE_OPS, is_compute
 from tpu_inductor.runtime.persisted_dict import PersistedDict
+from tpu_inductor.runtime.threads import ON_CALLING_THREAD, calling_thread_only
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,17 @@ MIN_SAVING_S = 50e-6
 """...and save more than splitting the island costs: two device calls and
 their DLPack crossings, about 20 us each on the CPU client. Small
 convolutions (BiT at 32x32 became 49 islands) stay on the device."""
+
+WORKER_START_S = 0.4e-3
+"""What a parallel PyTorch kernel right after an island pays, on average, to
+start OpenMP's workers again (2 cores): ~0.1 ms to start them (a 1.5 ms
+convolution: 1.49 -> 1.57 ms after a release; MobileNet's stem convolution:
+0.16 -> 0.28-0.48 ms), and stalls of ~3 ms in about one call in ten after
+an island (that convolution's p90: 5 ms). A kernel whose every-thread time
+does not save more than this on its calling-thread time runs on the calling
+thread (MobileNet's stem: 0.16 ms against 0.33). Measured in turn, the
+stalls were too erratic to decide by: perf.py's CNN sent its large
+convolutions to one thread and ran 1.5x slower."""
 
 _TIMED_RUNS = 7
 _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
@@ -134,24 +151,34 @@ class KernelChooser:
             # Which kernel wins depends on how many threads each has: a
             # timing taken under torch.set_num_threads(1) does not decide a
             # process on every core.
-            key = f"{signature} @ {torch.get_num_threads()} torch / {self._xla_threads} XLA threads"
+            threads = torch.get_num_threads()
+            key = f"{signature} @ {threads} torch / {self._xla_threads} XLA threads"
             timing = self._timings.get(key)
-            if timing is None:
+            if timing is None or len(timing) != 3:  # kept before the calling-thread time was
                 timing = self._measure(gm, node)
-                self._timings.put(key, timing)
-            eager_s, xla_s = timing
+                self._timings.put(key, timing, replace=True)
+            every_thread_s, xla_s, one_thread_s = timing
+            on_calling_thread = threads > 1 and one_thread_s - every_thread_s < WORKER_START_S
+            eager_s = one_thread_s if on_calling_thread else every_thread_s
             margin = CONVOLUTION_MARGIN if node.target in CANDIDATE_OPS else EAGER_MARGIN
             if math.isinf(xla_s):
                 choices[node] = "XLA cannot run it (lowered alone, torch-mlir or XLA refused it); PyTorch's kernel runs it"
             elif eager_s < margin * xla_s and xla_s - eager_s > MIN_SAVING_S:
+                where = "on the calling thread" if on_calling_thread else f"on {threads} threads"
                 choices[node] = (
-                    f"PyTorch's kernel is faster here ({eager_s * 1e3:.3f} ms vs XLA "
+                    f"PyTorch's kernel is faster here ({eager_s * 1e3:.3f} ms {where} vs XLA "
                     f"{xla_s * 1e3:.3f} ms, measured once per signature)"
                 )
                 choices.update(_transposed_operands(node))
+            else:
+                continue
+            if on_calling_thread:
+                node.meta[ON_CALLING_THREAD] = True
         return choices
 
-    def _measure(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[float, float]:
+    def _measure(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[float, float, float]:
+        """Median seconds of PyTorch's kernel on every thread, of XLA's (inf
+        where it does not lower alone), and of PyTorch's on the calling thread alone."""
         probe, probe_inputs, _ = fuse_as_graphmodule(gm, [node], "kernel_probe", always_return_tuple=True)
         generator = torch.Generator().manual_seed(0)
         # Compilers run under the tracing fake mode: these must be real tensors.
@@ -165,9 +192,11 @@ class KernelChooser:
                 # Timed the way it would run: on an input the island already laid out.
                 args = [values[a] if isinstance(a, torch.fx.Node) else a for a in node.args]
                 args[0] = args[0].permute(TO_CHANNELS_LAST).contiguous()
-                eager_s = _median_seconds(lambda: convolution_channels_last(*args))
+                eager_call = functools.partial(convolution_channels_last, *args)
             else:
-                eager_s = _median_seconds(lambda: probe(*inputs))
+                eager_call = functools.partial(probe, *inputs)
+            every_thread_s = _median_seconds(eager_call)
+            one_thread_s = _median_seconds(functools.partial(_on_calling_thread, eager_call))
             try:
                 xla_s = self._time_xla(probe, inputs)
             except Exception as exc:  # torch-mlir and XLA raise many types
@@ -175,9 +204,13 @@ class KernelChooser:
                 log.info("tpu_inductor: %s does not lower alone: %s", _signature(node), exc)
                 xla_s = math.inf
         log.info(
-            "tpu_inductor: %s: eager %.3f ms, XLA %.3f ms", _signature(node), eager_s * 1e3, xla_s * 1e3
+            "tpu_inductor: %s: eager %.3f ms (%.3f ms on the calling thread), XLA %.3f ms",
+            _signature(node),
+            every_thread_s * 1e3,
+            one_thread_s * 1e3,
+            xla_s * 1e3,
         )
-        return eager_s, xla_s
+        return every_thread_s, xla_s, one_thread_s
 
 
 def _transposed_operands(matmul: torch.fx.Node) -> dict[torch.fx.Node, str]:
@@ -259,6 +292,11 @@ def _signature(node: torch.fx.Node) -> Optional[str]:
         shapes.append(f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}")
     others = [a for a in node.args if not isinstance(a, torch.fx.Node)]
     return f"{node.target}({', '.join(shapes)}; {others})"
+
+
+def _on_calling_thread(call: Callable[[], object]) -> object:
+    with calling_thread_only():
+        return call()
 
 
 def _median_seconds(call: Callable[[], object]) -> float:

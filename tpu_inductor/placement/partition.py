@@ -267,12 +267,19 @@ def fuse_islands(
     The islands are called as plain functions rather than submodules: a
     ``call_module`` node pays ``nn.Module.__call__`` (hook dispatch) on every
     call, about 2.5 us per island, for hooks nothing here installs.
-    ``release_eager_workers``: an island that follows eager compute first
-    stops OpenMP's spinning workers, whose cores it shares (runtime/threads.py).
+    ``release_eager_workers``: an island that follows eager compute that may
+    have started OpenMP's workers first stops them, as they spin on the cores
+    it shares (runtime/threads.py). Eager kernels chosen for the calling
+    thread run there alone.
     """
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-    from tpu_inductor.runtime.threads import after_releasing_eager_workers
+    from tpu_inductor.runtime.threads import (
+        ON_CALLING_THREAD,
+        after_releasing_eager_workers,
+        on_calling_thread,
+        starts_workers,
+    )
     from tpu_inductor.torch_api import LazyGraphModule
 
     fused = fuse_by_partitions(
@@ -289,7 +296,9 @@ def fuse_islands(
                 node.target = after_releasing_eager_workers(node.target)
             eager_since_island = False
         elif node.op == "call_function" and is_compute(node):
-            eager_since_island = True
+            if node.meta.get(ON_CALLING_THREAD):
+                node.target = on_calling_thread(node.target)
+            eager_since_island = eager_since_island or starts_workers(node)
     fused = eager_views_as_reshape(fused)
     fused.delete_all_unused_submodules()
     fused.recompile()

@@ -20,19 +20,40 @@ cores, and each runtime sized and scheduled its threads as if alone:
   releases them after it, for the next step's forward and backward: perf.py's
   MLP training step, each path alone in its process, 17.0/18.5 ms without
   and 14.2/11.2 ms with (Inductor 17.2/15.1, eager 16.4/11.0; two runs).
+* Released workers start again at the next parallel region, and a kernel
+  between islands pays that on every call. For a small kernel it is most of
+  the kernel's time, and in some processes far more: MobileNet's stem
+  convolution on oneDNN took 0.16 ms warm on two threads, 0.28-0.48 ms
+  after a release, 0.33-0.40 ms on one thread, and in one process in two
+  its calls after an island had a p90 of 13 ms (the main thread spins at
+  OpenMP's barrier while the new worker waits for a core); the model's
+  p90 went from 8-9 ms to 13-31 ms. Kernel choice therefore also times a
+  kernel on the calling thread alone, and one that every thread does not
+  make faster by more than starting the workers costs runs there
+  (:func:`on_calling_thread`): no workers, nothing to release, nothing to
+  spin. Work too small for PyTorch to split
+  (:func:`starts_workers`) does not make the next island release either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
 log = logging.getLogger(__name__)
+
+ON_CALLING_THREAD = "tpu_inductor_on_calling_thread"
+"""``node.meta`` key: this eager kernel runs on the calling thread alone (placement/kernel_choice.py)."""
+
+PARALLEL_GRAIN = 32768
+"""``at::internal::GRAIN_SIZE``: PyTorch's CPU kernels run work on fewer
+elements than this on the calling thread, without OpenMP's workers."""
 
 _OMP_PAUSE_SOFT = 1
 """``omp_pause_soft`` (OpenMP 5.0): the runtime's threads stop; the next parallel region starts them."""
@@ -94,3 +115,47 @@ def then_releasing_eager_workers(run: Callable[..., object]) -> Callable[..., ob
         return result
 
     return run_then_release
+
+
+@contextlib.contextmanager
+def calling_thread_only() -> Iterator[None]:
+    """PyTorch's kernels run on the calling thread alone inside; the count is restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def on_calling_thread(run: Callable[..., object]) -> Callable[..., object]:
+    """``run`` (an eager kernel between islands) on the calling thread alone."""
+
+    def run_on_calling_thread(*args: object, **kwargs: object) -> object:
+        threads = torch.get_num_threads()  # not calling_thread_only(): a context manager costs ~1 us a call
+        torch.set_num_threads(1)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run_on_calling_thread
+
+
+def carry_thread_choice(chosen: torch.fx.Node, rewritten: torch.fx.Node) -> None:
+    """A rewrite that replaces a chosen eager kernel keeps where it runs."""
+    if chosen.meta.get(ON_CALLING_THREAD):
+        rewritten.meta[ON_CALLING_THREAD] = True
+
+
+def starts_workers(node: torch.fx.Node) -> bool:
+    """Whether running ``node`` eagerly may start OpenMP's workers: it is not
+    pinned to the calling thread and touches a tensor PyTorch would split
+    (or has no metadata to tell)."""
+    if node.meta.get(ON_CALLING_THREAD):
+        return False
+    values = [node.meta.get("val"), *(arg.meta.get("val") for arg in node.all_input_nodes)]
+    if values[0] is None:
+        return True
+    tensors = [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
+    return any(not isinstance(t.numel(), int) or t.numel() >= PARALLEL_GRAIN for t in tensors)
