@@ -78,7 +78,7 @@ def test_faster_eager_kernel_runs_the_conv(timings, tmp_path):
 
 
 def test_a_kernel_that_every_thread_barely_speeds_up_runs_on_the_calling_thread(timings, tmp_path, monkeypatch):
-    """0.2 ms saved on every thread is less than starting OpenMP's workers
+    """0.1 ms saved on every thread by a 0.35 ms kernel is less than starting OpenMP's workers
     after an island costs (kernel_choice.WORKER_START_S): the kernel runs on
     the calling thread alone, and the thread count is back after it."""
     import functools
@@ -96,7 +96,7 @@ def test_a_kernel_that_every_thread_barely_speeds_up_runs_on_the_calling_thread(
         return real(*args)
 
     monkeypatch.setattr(conv_epilogue, "convolution_pointwise_channels_last", counting)
-    timings["one_thread_s"] = 1.2e-3
+    timings["eager_s"], timings["one_thread_s"] = 0.25e-3, 0.35e-3
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -106,15 +106,23 @@ def test_a_kernel_that_every_thread_barely_speeds_up_runs_on_the_calling_thread(
         torch.set_num_threads(before)
     torch.testing.assert_close(actual, expected)
     (conv,) = _measured_choices(_graph())
-    assert "1.200 ms on the calling thread" in conv.reason
+    assert "0.350 ms on the calling thread" in conv.reason
     assert threads_inside == [1]
 
 
-def test_a_kernel_that_every_thread_speeds_up_runs_on_every_thread(timings, tmp_path):
+@pytest.mark.parametrize(
+    "every_thread_s, one_thread_s",
+    [
+        (1e-3, 2e-3),  # 1 ms saved on every thread
+        (1e-3, 1.05e-3),  # no faster on every thread, but too long to be: timed while a core was busy
+    ],
+)
+def test_a_kernel_that_every_thread_speeds_up_runs_on_every_thread(timings, tmp_path, every_thread_s, one_thread_s):
+    timings["eager_s"], timings["one_thread_s"] = every_thread_s, one_thread_s
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))  # 1 ms saved on every thread
+        _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
     finally:
         torch.set_num_threads(before)
     (conv,) = _measured_choices(_graph())

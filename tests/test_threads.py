@@ -59,12 +59,12 @@ def test_eager_work_too_small_to_split_releases_nothing(monkeypatch):
 
 
 def test_a_kernel_on_the_calling_thread_releases_nothing_and_restores_the_count(monkeypatch, eager_convolutions):
-    """A convolution chosen for the calling thread (kernel timings: 1 ms on
-    every thread, 1.1 ms alone) starts no workers, so the island after it
+    """A convolution chosen for the calling thread (kernel timings: 0.25 ms
+    on every thread, 0.3 ms alone) starts no workers, so the island after it
     does not stop any; an exception inside still restores the thread count."""
     released = _island_calls(monkeypatch)
     monkeypatch.setattr(compiled_graph, "eager_workers_compete", lambda shares: shares)
-    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (1e-3, 2e-3, 1.1e-3))
+    monkeypatch.setattr(KernelChooser, "_measure", lambda self, gm, node: (0.25e-3, 1e-3, 0.3e-3))
     convolution = torch.nn.Conv2d(8, 8, 3, padding=1).eval()
 
     def f(x):

@@ -28,7 +28,7 @@ cores, and each runtime sized and scheduled its threads as if alone:
   its calls after an island had a p90 of 13 ms (the main thread spins at
   OpenMP's barrier while the new worker waits for a core); the model's
   p90 went from 8-9 ms to 13-31 ms. Kernel choice therefore also times a
-  kernel on the calling thread alone, and one that every thread does not
+  kernel on the calling thread alone, and a short one that every thread does not
   make faster by more than starting the workers costs runs there
   (:func:`on_calling_thread`): no workers, nothing to release, nothing to
   spin. Work too small for PyTorch to split
