@@ -57,7 +57,7 @@ from tpu_inductor.passes.channels_last import (
 from tpu_inductor.passes.conv_epilogue import fuse_convolution_epilogues
 from tpu_inductor.placement.partition import TRANSPOSE_OPS, is_compute
 from tpu_inductor.runtime.persisted_dict import PersistedDict
-from tpu_inductor.runtime.threads import ON_CALLING_THREAD, calling_thread_only
+from tpu_inductor.runtime.threads import ON_CALLING_THREAD, on_calling_thread
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,7 @@ class KernelChooser:
                     f"{xla_s * 1e3:.3f} ms, measured once per signature)"
                 )
                 choices.update(_transposed_operands(node))
-            else:
-                continue
-            if on_calling_thread:
+            if node in choices and on_calling_thread:
                 node.meta[ON_CALLING_THREAD] = True
         return choices
 
@@ -200,7 +198,7 @@ class KernelChooser:
             else:
                 eager_call = functools.partial(probe, *inputs)
             every_thread_s = _median_seconds(eager_call)
-            one_thread_s = _median_seconds(functools.partial(_on_calling_thread, eager_call))
+            one_thread_s = _median_seconds(on_calling_thread(eager_call))
             try:
                 xla_s = self._time_xla(probe, inputs)
             except Exception as exc:  # torch-mlir and XLA raise many types
@@ -305,11 +303,6 @@ def _saves_less_than_starting_workers(every_thread_s: float, one_thread_s: float
     was timed while another process held a core (a 2.8 ms convolution of
     perf.py's CNN once measured so, and the CNN ran 0.84x Inductor)."""
     return one_thread_s < 2 * WORKER_START_S and one_thread_s - every_thread_s < WORKER_START_S
-
-
-def _on_calling_thread(call: Callable[[], object]) -> object:
-    with calling_thread_only():
-        return call()
 
 
 def _median_seconds(call: Callable[[], object]) -> float:

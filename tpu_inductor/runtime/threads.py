@@ -28,21 +28,20 @@ cores, and each runtime sized and scheduled its threads as if alone:
   its calls after an island had a p90 of 13 ms (the main thread spins at
   OpenMP's barrier while the new worker waits for a core); the model's
   p90 went from 8-9 ms to 13-31 ms. Kernel choice therefore also times a
-  kernel on the calling thread alone, and a short one that every thread does not
-  make faster by more than starting the workers costs runs there
+  kernel on the calling thread alone, and a short one that every thread
+  does not make faster by more than starting the workers costs runs there
   (:func:`on_calling_thread`): no workers, nothing to release, nothing to
-  spin. Work too small for PyTorch to split
-  (:func:`starts_workers`) does not make the next island release either.
+  spin. Work too small for PyTorch to split (:func:`starts_workers`) does
+  not make the next island release either.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import logging
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -117,22 +116,11 @@ def then_releasing_eager_workers(run: Callable[..., object]) -> Callable[..., ob
     return run_then_release
 
 
-@contextlib.contextmanager
-def calling_thread_only() -> Iterator[None]:
-    """PyTorch's kernels run on the calling thread alone inside; the count is restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def on_calling_thread(run: Callable[..., object]) -> Callable[..., object]:
     """``run`` (an eager kernel between islands) on the calling thread alone."""
 
     def run_on_calling_thread(*args: object, **kwargs: object) -> object:
-        threads = torch.get_num_threads()  # not calling_thread_only(): a context manager costs ~1 us a call
+        threads = torch.get_num_threads()  # the user's count, restored after the kernel
         torch.set_num_threads(1)
         try:
             return run(*args, **kwargs)
