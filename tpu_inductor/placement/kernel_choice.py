@@ -198,7 +198,9 @@ class KernelChooser:
             else:
                 eager_call = functools.partial(probe, *inputs)
             every_thread_s = _median_seconds(eager_call)
-            one_thread_s = _median_seconds(on_calling_thread(eager_call))
+            one_thread_s = (  # on one thread already, timing it again would only repeat the first
+                _median_seconds(on_calling_thread(eager_call)) if torch.get_num_threads() > 1 else every_thread_s
+            )
             try:
                 xla_s = self._time_xla(probe, inputs)
             except Exception as exc:  # torch-mlir and XLA raise many types
