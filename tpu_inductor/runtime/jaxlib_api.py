@@ -108,10 +108,23 @@ def make_cpu_client(num_devices: int, threads: int) -> Any:
             os.environ["PJRT_NPROC"] = before
 
 
+# jax's settings of how much GPU memory its client takes; a user who set one has chosen.
+_GPU_MEMORY_SETTINGS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                        "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
 def jax_backend(platform: str) -> Any:
-    """jax's shared client for ``platform`` (``cuda``, ``tpu``): the plugin's devices belong to it."""
+    """jax's shared client for ``platform`` (``cuda``, ``tpu``): the plugin's devices belong to it.
+
+    On a GPU, torch's caching allocator shares the device with XLA's: jax's
+    default of reserving 75% of GPU memory when its client starts would leave
+    the user's torch code a quarter of the card. XLA allocates as it goes
+    instead, unless the user set one of jax's memory settings themselves.
+    """
     from jax._src import xla_bridge
 
+    if platform == "cuda" and not set(_GPU_MEMORY_SETTINGS) & set(os.environ):
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     return xla_bridge.get_backend(platform)
 
 
