@@ -239,9 +239,10 @@ def git(*args: str) -> str:
 
 
 def head_commit() -> str:
-    """The commit measured. A copy of the tree without git history (the device
-    machine's) is told it in ``BENCHMARK_COMMIT`` by whoever runs it there."""
-    return git("rev-parse", "HEAD") or os.environ.get("BENCHMARK_COMMIT", "unknown")
+    """The commit measured. A copy of the tree on another machine (the device
+    machine's, whose git metadata can be an older commit's) is told it in
+    ``BENCHMARK_COMMIT`` by whoever runs it there, which then wins."""
+    return os.environ.get("BENCHMARK_COMMIT") or git("rev-parse", "HEAD") or "unknown"
 
 
 def environment() -> dict:
@@ -263,7 +264,7 @@ def environment() -> dict:
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),
         "tpu_inductor_commit": head_commit(),
-        "tpu_inductor_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "tpu_inductor_dirty": not os.environ.get("BENCHMARK_COMMIT") and bool(git("status", "--porcelain", "--untracked-files=no")),
         "cpus": os.cpu_count(),
     }
 

@@ -7,6 +7,8 @@ arithmetic; the flash kernel eager runs sums in another order.
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -182,3 +184,41 @@ def test_grouped_query_attention_over_changing_lengths_matches_eager():
             x = torch.randn(2, length, 32)
             torch.testing.assert_close(compiled(x), model(x), **TOLERANCE)
     assert not [f for graph in report.current().graphs for f in graph.fallbacks]
+
+
+def _cuda_attention_graph(op, *args, **kwargs) -> torch.fx.GraphModule:
+    """``op(q, k, v, [bias], *args)[0]`` as an FX graph (built by hand: tracing on CPU never picks a CUDA kernel)."""
+    graph = torch.fx.Graph()
+    q, k, v, bias = (graph.placeholder(name) for name in ("q", "k", "v", "bias"))
+    with_bias = op is not torch.ops.aten._scaled_dot_product_flash_attention.default
+    attention = graph.call_function(op, (q, k, v, *((bias, False) if with_bias else ()), *args), kwargs)
+    graph.output(graph.call_function(operator.getitem, (attention, 0)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize("op, is_causal", [
+    (torch.ops.aten._scaled_dot_product_efficient_attention.default, False),
+    (torch.ops.aten._scaled_dot_product_cudnn_attention.default, True),
+    (torch.ops.aten._scaled_dot_product_flash_attention.default, True),
+])
+def test_cuda_attention_becomes_the_cpu_attention_op(op, is_causal):
+    """Traced with CUDA tensors, inference attention is one of CUDA's kernels;
+    it becomes the CPU op passes/attention.py builds, with the same numbers."""
+    from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    bias = torch.randn(2, 4, 6, 6)
+    flash = op is torch.ops.aten._scaled_dot_product_flash_attention.default
+    gm = cuda_attention_as_cpu_attention(_cuda_attention_graph(op, 0.0, is_causal, scale=0.3))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"][0] is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=None if flash else bias, is_causal=is_causal, scale=0.3)
+    torch.testing.assert_close(gm(q, k, v, bias), expected)
+
+
+def test_cuda_attention_with_dropout_is_left_alone():
+    from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
+
+    op = torch.ops.aten._scaled_dot_product_efficient_attention.default
+    gm = cuda_attention_as_cpu_attention(_cuda_attention_graph(op, 0.1, False))
+    assert op in [n.target for n in gm.graph.nodes]

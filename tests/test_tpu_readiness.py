@@ -24,6 +24,7 @@ module {
     %2 = stablehlo.custom_call @lapack_sgetrf(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %3 = stablehlo.custom_call @Sharding(%arg0) : (tensor<4xf32>) -> tensor<4xf32>
     %4 = stablehlo.abs %arg1 : tensor<?x4xf32>
+    %5 = arith.constant dense<2> : tensor<1xi64>
     return %arg0 : tensor<4xf32>
   }
 }
@@ -37,8 +38,9 @@ def test_findings_name_the_kind_and_the_op():
         ("host callback", "stablehlo.custom_call", "xla_python_cpu_callback"),
         ("custom call", "stablehlo.custom_call", "lapack_sgetrf"),
         ("dynamic shape", "stablehlo.abs", "tensor<?...>"),
+        ("unstable dialect", "arith.constant", "a PJRT plugin cannot be sent it"),
     }
-    assert len(violations(tpu_findings(MODULE))) == 4  # Sharding is XLA's own
+    assert len(violations(tpu_findings(MODULE))) == 5  # Sharding is XLA's own
 
 
 def test_float64_the_graph_asks_for_is_explained():
@@ -57,10 +59,11 @@ def _checked(fn, *args):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_python_numbers_and_aranges_bring_no_float64(dtype):
     """torch-mlir's float64 scalar constants and arange lengths are folded away
-    with the values convert gives (bit-exact against the unfolded module)."""
+    with the values convert gives (bit-exact against the unfolded module); its
+    integer ones (``* 2``) become StableHLO constants, not ``arith`` ones."""
 
     def fn(a, b, c):
-        positions = torch.arange(a.shape[0], dtype=dtype) * 0.1
+        positions = torch.arange(a.shape[0], dtype=dtype) * 0.1 * 2
         return torch.addcdiv(a, b, c, value=0.3) * 1e-3 + positions, a.clamp(min=-0.25, max=0.7)
 
     torch.manual_seed(0)

@@ -15,11 +15,13 @@ from typing import Any
 def apply_fixups(module: Any, *, for_cpu: bool) -> None:
     from tpu_inductor.lowering.compare_types import fix_unsigned_compares
     from tpu_inductor.lowering.float64_constants import fold_float64_constants
+    from tpu_inductor.lowering.stable_constants import stable_constants
     from tpu_inductor.lowering.static_iota import static_iotas
 
     fix_unsigned_compares(module)  # unsigned compares and max/min identities (a wrong-value fix)
     fold_float64_constants(module)  # no float64 scalars (TPU readiness)
     static_iotas(module)  # no float64 arange lengths, no dynamic_iota (TPU readiness)
+    stable_constants(module)  # only stable dialects: a PJRT plugin is sent versioned StableHLO
     if for_cpu:
         from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
 

@@ -3,7 +3,10 @@
 Why: the backend is developed and tested on XLA:CPU, which accepts things
 a TPU does not: float64 (a TPU has none), shapes left dynamic (XLA:TPU
 compiles static shapes only), host callbacks (a round trip to Python), and
-custom calls only XLA:CPU implements (LAPACK, DUCC FFTs). With
+custom calls only XLA:CPU implements (LAPACK, DUCC FFTs), and ops of
+dialects other than StableHLO's (``arith.constant``: the CPU client compiles
+them, while any PJRT plugin -- CUDA's, libtpu -- is sent versioned StableHLO
+and refuses them, as the H200 did). With
 ``tpu_readiness`` on (or on the ``tpu`` platform), every newly compiled
 module is read for them; each finding goes in the island's report entry,
 and one nobody can explain is a warning naming the op. The test suite runs
@@ -35,12 +38,16 @@ PORTABLE_CUSTOM_CALLS = frozenset({
 })
 """Custom calls XLA's compiler itself handles on every platform (sharding
 annotations, host offloading); any other target is implemented per platform."""
+STABLE_DIALECTS = frozenset({"stablehlo", "chlo", "func", "sdy"})
+"""The dialects a PJRT plugin takes: it is sent the module as versioned
+StableHLO, and serializing an op of any other dialect (``arith``, ``tensor``,
+``shape``) fails. The CPU client compiles the MLIR as it is and would not tell."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TpuFinding:
     kind: str
-    """``float64``, ``dynamic shape``, ``host callback`` or ``custom call``."""
+    """``float64``, ``dynamic shape``, ``host callback``, ``custom call`` or ``unstable dialect``."""
     op: str
     """The StableHLO op, e.g. ``stablehlo.divide``."""
     detail: str
@@ -76,6 +83,8 @@ def tpu_findings(text: str) -> list[TpuFinding]:
 
 def _line_findings(line: str, op: str) -> list[tuple[str, str]]:
     findings = []
+    if op.split(".", 1)[0] not in STABLE_DIALECTS:
+        findings.append(("unstable dialect", "a PJRT plugin cannot be sent it"))
     float64 = _FLOAT64.search(line)
     if float64:
         findings.append(("float64", float64.group(0)))

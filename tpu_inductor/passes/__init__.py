@@ -16,6 +16,7 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 from tpu_inductor.passes.as_strided_as_gather import as_strided_as_gather
 from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
+from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.empty_slices_at_the_end import empty_slices_at_the_end
 from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
@@ -30,6 +31,7 @@ GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 # Correctness rewrites first (each works around a wrong lowering), then
 # simplification and cleanup.
 PIPELINE: tuple[GraphPass, ...] = (
+    cuda_attention_as_cpu_attention,
     scalar_tensor_as_full,
     empty_as_zeros,
     mask_index_put_as_where,

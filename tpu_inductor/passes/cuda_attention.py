@@ -1,0 +1,79 @@
+"""CUDA's fused attention ops as the CPU attention op the attention pass builds.
+
+Why: an inference graph keeps scaled-dot-product attention whole through
+tracing (decompositions/table.py), and passes/attention.py builds it from
+ATen ops, for the CPU op ``_scaled_dot_product_flash_attention_for_cpu``.
+Traced with CUDA tensors, the same attention is one of CUDA's kernels
+instead -- memory-efficient, flash or cuDNN attention, chosen by dtype and
+GPU -- which nothing lowers, and whose dropout arguments made placement keep
+it in eager as a random op. On the H200 every attention of the model suite
+ran eagerly that way, and in generation the eager kernel then refused the
+mask an island had produced ("attn_bias is not correctly aligned": eager
+SDPA pads the mask's rows before calling the kernel, the graph does not).
+Without dropout, and with only the attention output read (inference: the
+logsumexp and RNG state outputs feed a backward), each of them computes what
+the CPU op computes from the same arguments, so it becomes that op and
+every later pass (causal masks, padded keys, grouped key/value heads)
+treats it as it treats CPU attention.
+
+Before: ``attn = _scaled_dot_product_efficient_attention(q, k, v, bias, False, 0.0, True, scale=s); out = attn[0]``
+After:  ``attn = _scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=bias, scale=s); out = attn[0]``
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION
+
+aten = torch.ops.aten
+
+# Each CUDA op -> (attn_bias, dropout_p, is_causal) from its node's positional
+# arguments, with the schema's defaults.
+_ARGUMENTS: dict[Any, Callable[[tuple], tuple[Optional[torch.fx.Node], float, bool]]] = {
+    # (q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None)
+    aten._scaled_dot_product_efficient_attention.default: lambda a: (a[3], _at(a, 5, 0.0), _at(a, 6, False)),
+    # (q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)
+    aten._scaled_dot_product_cudnn_attention.default: lambda a: (a[3], _at(a, 5, 0.0), _at(a, 6, False)),
+    # (q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)
+    aten._scaled_dot_product_flash_attention.default: lambda a: (None, _at(a, 3, 0.0), _at(a, 4, False)),
+}
+
+
+def _at(args: tuple, index: int, default: Any) -> Any:
+    return args[index] if len(args) > index else default
+
+
+def _reads_only_the_output(node: torch.fx.Node) -> bool:
+    return all(user.target is operator.getitem and user.args[1] == 0 for user in node.users)
+
+
+def cuda_attention_as_cpu_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    changed = False
+    for node in list(gm.graph.nodes):
+        arguments = _ARGUMENTS.get(node.target) if node.op == "call_function" else None
+        if arguments is None:
+            continue
+        bias, dropout_p, is_causal = arguments(node.args)
+        if dropout_p != 0.0 or not _reads_only_the_output(node):
+            continue  # training: its backward reads the other outputs
+        kwargs = {"attn_mask": bias, "scale": node.kwargs.get("scale")}
+        with gm.graph.inserting_before(node):
+            attention = gm.graph.call_function(
+                CPU_FLASH_ATTENTION, (*node.args[:3], 0.0, is_causal),
+                {name: value for name, value in kwargs.items() if value is not None},
+            )
+        attention.meta = dict(node.meta)
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            attention.meta["val"] = tuple(node.meta["val"][:2])  # (output, logsumexp), as the CPU op returns
+        node.replace_all_uses_with(attention)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return gm
