@@ -16,6 +16,8 @@ answers everything it can:
   step's gradients against eager, compiled ``strict`` for the device (any
   node placed in eager raises) with at least one island; then the inference
   step's time through eager, Inductor and tpu;
+- ``call_cost``: where a call of perf.py's MLP spends its microseconds
+  (inputs handed to XLA, the executable, outputs handed back, the rest);
 - ``perf``: perf.py's workloads (MLP, decoder, ResNet-style CNN,
   MobileNet-style CNN, the MLP training step) through eager, Inductor and tpu
   on the device, in paired interleaved rounds (``paired_rounds.py``);
@@ -188,6 +190,59 @@ def check_model(name: str, device: torch.device, repeats: int) -> dict[str, Any]
 # ------------------------------------------------------------------------ speed
 
 
+def call_cost(device: torch.device, calls: int = 300) -> dict[str, Any]:
+    """Where one call of a small compiled model goes, in microseconds per call:
+    the whole call, the island's call inside it, and within that the inputs'
+    hand-over to XLA and the outputs' hand-back (each wrapped with a timer
+    for this section only); synchronized after every call, as perf's rounds
+    are. A dry run on CPU takes the same path with ``zero_copy=False``."""
+    from benchmarks.perf_models import MLP, _seeded
+    from benchmarks.perf_workloads import mlp_inputs
+    from tpu_inductor.runtime import executable, transfer
+
+    spent = dict.fromkeys(("island_call", "to_device", "to_torch"), 0.0)
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - started
+        return wrapper
+
+    island = executable.DeviceExecutable
+    originals = transfer.to_device, transfer.to_torch, island._call_through_transfers
+    # Patched before the compile: an executable binds its call when it is made.
+    transfer.to_device, transfer.to_torch = timed("to_device", originals[0]), timed("to_torch", originals[1])
+    island._call_through_transfers = timed("island_call", originals[2])
+    try:
+        model, x = _seeded(MLP).eval().to(device), mlp_inputs(64).to(device)
+        options = tpu_options(device, strict=True, **({"zero_copy": False} if device.type == "cpu" else {}))
+        compiled = torch.compile(model, backend="tpu", options=options)
+        with torch.no_grad():
+            for _ in range(20):
+                compiled(x)
+            synchronize(device)
+            spent.update(dict.fromkeys(spent, 0.0))
+            started = time.perf_counter()
+            for _ in range(calls):
+                compiled(x)
+                synchronize(device)
+            whole = time.perf_counter() - started
+            eager_started = time.perf_counter()
+            for _ in range(calls):
+                model(x)
+                synchronize(device)
+            eager = time.perf_counter() - eager_started
+    finally:
+        transfer.to_device, transfer.to_torch, island._call_through_transfers = originals
+    us = {name: seconds / calls * 1e6 for name, seconds in spent.items()}
+    return {"tpu_call_us": whole / calls * 1e6, "eager_call_us": eager / calls * 1e6, **us,
+            "execute_us": us["island_call"] - us["to_device"] - us["to_torch"],
+            "outside_island_us": whole / calls * 1e6 - us["island_call"]}
+
+
 def _synchronized(fn: Callable[..., Any], inputs: list[Any], device: torch.device) -> Callable[[], Any]:
     def call() -> Any:
         result = fn(*inputs)
@@ -262,9 +317,10 @@ def generation(device: torch.device, seconds_left: float) -> dict[str, Any]:
     if seconds_left < 90:
         return {"skipped": f"{seconds_left:.0f} s left of the budget"}
     out = ROOT / "benchmarks" / "results" / f"generate-{device.type}.json"
-    # A row (three paths compiled, prompts checked, rounds timed) wants about
-    # 100 s; with less time fewer rows finish rather than all of them cut off.
-    rows = GENERATE_ROWS.split(",")[: max(1, int((seconds_left - 30) // 100))]
+    # A row (three paths compiled, prompts checked, rounds timed) wants more
+    # than the 114 s each of three got on the H200 (all three cut off); with
+    # less time fewer rows finish rather than all of them cut off.
+    rows = GENERATE_ROWS.split(",")[: max(1, int((seconds_left - 30) // 170))]
     per_row = int((seconds_left - 30) / len(rows))  # generate.py ends a row that runs past this itself
     command = [sys.executable, str(ROOT / "benchmarks" / "generate.py"), "--device", device.type, "--timing",
                "--timing-modes", "static,dynamic", "--rounds", "3", "--only", ",".join(rows), "--out", str(out),
@@ -280,7 +336,7 @@ def generation(device: torch.device, seconds_left: float) -> dict[str, Any]:
 
 def _verdict(row: dict[str, Any]) -> str:
     if "error" in row:
-        return "FAILED: " + row["error"][:120]
+        return "FAILED: " + " ".join(row["error"].split())[:160]  # one table cell: no line breaks
     skipped = row.get("skipped") or row.get("result", {}).get("skipped")
     return f"skipped ({skipped})" if skipped else "ok"
 
@@ -325,7 +381,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run")
     parser.add_argument("--rounds", type=int, default=10, help="paired rounds per workload")
     parser.add_argument("--models", nargs="*", default=sorted(MODELS))
-    parser.add_argument("--sections", default="zero_copy,stream,models,perf,generate")
+    parser.add_argument("--sections", default="zero_copy,stream,models,call_cost,perf,generate")
     parser.add_argument("--budget-s", type=float, default=540, help="generate.py gets what is left of this")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--write-docs", action="store_true", help="put the table of --out's run in the README")
@@ -346,7 +402,7 @@ def main() -> int:
     wanted = set(args.sections.split(","))
     skipped = {"skipped": "not in --sections"}
     report: dict[str, Any] = {"meta": metadata(device), "models": []}
-    pending = {"zero_copy": skipped, "stream": skipped, "perf": skipped, "generate": skipped}
+    pending = {"zero_copy": skipped, "stream": skipped, "call_cost": skipped, "perf": skipped, "generate": skipped}
 
     def save() -> None:
         """The JSON so far: a run the device tool cuts off at its time limit still brings back what it did."""
@@ -365,12 +421,13 @@ def main() -> int:
         row = section(f"model {name}", lambda: check_model(name, device, args.rounds))
         report["models"].append({"model": name, **row.pop("result", {}), **row})
         save()
+    record("call_cost", lambda: call_cost(device))
     record("perf", lambda: perf_workloads(device, args.rounds))
     record("generate", lambda: generation(device, args.budget_s - (time.perf_counter() - started)))
     report = {**pending, **report}
     save()
     print("\n" + table(report) + f"\n\nwrote {args.out}")
-    failed = [name for name in ("zero_copy", "stream", "perf", "generate") if "error" in report[name]]
+    failed = [name for name in ("zero_copy", "stream", "call_cost", "perf", "generate") if "error" in report[name]]
     failed += [row["model"] for row in report["models"] if "error" in row]
     return 1 if failed else 0
 

@@ -222,3 +222,36 @@ def test_cuda_attention_with_dropout_is_left_alone():
     op = torch.ops.aten._scaled_dot_product_efficient_attention.default
     gm = cuda_attention_as_cpu_attention(_cuda_attention_graph(op, 0.1, False))
     assert op in [n.target for n in gm.graph.nodes]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_built_for_a_cuda_graph_stays_on_cuda(masked):
+    """Tensors the built attention makes from nothing (the causal positions,
+    -inf) are made on the graph's device: a CPU one beside CUDA scores failed
+    FakeTensor propagation on the H200. Fake CUDA tensors need no GPU."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from tpu_inductor.analysis.real_lengths import RealLengths
+    from tpu_inductor.passes.attention import decompose_attention
+
+    mode = FakeTensorMode()
+    graph = torch.fx.Graph()
+    shapes = {"q": (2, 4, 6, 8), "k": (2, 4, 6, 8), "v": (2, 4, 6, 8), **({"mask": (2, 1, 6, 6)} if masked else {})}
+    inputs = {}
+    for name, shape in shapes.items():
+        inputs[name] = graph.placeholder(name)
+        inputs[name].meta["val"] = FakeTensor(mode, torch.empty(shape, device="meta"), torch.device("cuda"))
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    kwargs = {"attn_mask": inputs["mask"]} if masked else {}
+    attention = graph.call_function(op, (inputs["q"], inputs["k"], inputs["v"], 0.0, not masked), kwargs)
+    out = graph.call_function(operator.getitem, (attention, 0))
+    with mode:
+        attention.meta["val"] = op(*(inputs[n].meta["val"] for n in "qkv"), 0.0, not masked,
+                                   **({"attn_mask": inputs["mask"].meta["val"]} if masked else {}))
+    out.meta["val"] = attention.meta["val"][0]
+    graph.output(out)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm = decompose_attention(gm, frozenset(), RealLengths(gm))
+    assert op not in [n.target for n in gm.graph.nodes]
+    devices = {n.meta["val"].device.type for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    assert devices == {"cuda"}

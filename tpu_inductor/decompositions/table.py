@@ -290,7 +290,7 @@ def _histc_by_scatter_add(x, bins: int = 100, min=0, max=0):
     position = torch.where(position == bins, bins - 1, position)
     inside = (x >= lo) & (x <= hi)
     position = torch.where(inside, position, 0)
-    return torch.zeros(bins, dtype=x.dtype).scatter_add(0, position, inside.to(x.dtype))
+    return torch.zeros(bins, dtype=x.dtype, device=x.device).scatter_add(0, position, inside.to(x.dtype))
 
 
 # Decompositions of our own: each fixes a wrong lowering or fills a gap.

@@ -237,7 +237,7 @@ def _attention_masking_padded_keys(q, k, v, valid_keys, mask, is_causal: bool, s
     elif isinstance(head_dim, int):
         root = math.sqrt(1.0 / math.sqrt(head_dim))
     else:  # a symbolic head size: compute the scale on the device
-        root = torch.rsqrt(torch.sqrt(torch.scalar_tensor(head_dim, dtype=q.dtype)))
+        root = torch.rsqrt(torch.sqrt(torch.scalar_tensor(head_dim, dtype=q.dtype, device=q.device)))
     # Grouped key/value heads (fewer than the query heads) broadcast over
     # the query heads they serve: [B, Hk, g, L, D] against [B, Hk, 1, S, D].
     batch, heads, queries = q.shape[:3]

@@ -211,7 +211,7 @@ def _cat_at_real_offsets(dim: int, parts: Sequence[torch.Tensor], lengths: Seque
     buffer = torch.cat(list(parts), dim).movedim(dim, 0)
     offset = lengths[0]
     for i, part in enumerate(parts[1:], start=1):
-        rows = offset + torch.arange(part.size(dim))
+        rows = offset + torch.arange(part.size(dim), device=buffer.device)
         buffer = buffer.index_put((rows,), part.movedim(dim, 0))
         if i < len(lengths):
             offset = offset + lengths[i]
@@ -244,7 +244,7 @@ def _realign_read(gm, node, padded, real_lengths: RealLengths) -> bool:
 
 
 def _read_at(x: torch.Tensor, first: torch.Tensor, read: RealignedRead) -> torch.Tensor:
-    rows = x.index_select(read.dim, first + torch.arange(read.length))
+    rows = x.index_select(read.dim, first + torch.arange(read.length, device=x.device))
     return rows.squeeze(read.dim) if read.squeeze else rows
 
 
@@ -291,7 +291,7 @@ def _put_real_rows(x, dim: int, index, values, real, values_dim: Optional[int], 
     """``index_put`` of only the first ``real`` rows of ``index`` and ``values``:
     padded rows add zeros, or rewrite the last real row with its own value
     (duplicates of one write, so their order cannot matter)."""
-    rows = torch.arange(index.size(0))
+    rows = torch.arange(index.size(0), device=x.device)
     indices = [None] * dim
     if accumulate:
         # Every padded row adds zero: broadcast values first, so that each row has its own.

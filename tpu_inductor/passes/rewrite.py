@@ -25,17 +25,36 @@ def replace_with_call(
     return replacement
 
 
+_FACTORIES = frozenset({
+    torch.ops.aten.full.default, torch.ops.aten.arange.default, torch.ops.aten.arange.start,
+    torch.ops.aten.arange.start_step, torch.ops.aten.zeros.default, torch.ops.aten.ones.default,
+    torch.ops.aten.scalar_tensor.default,
+})
+"""Ops that make a tensor from no tensor: without a ``device`` they make a CPU
+one, which a graph traced on CUDA cannot mix with its own (FakeTensor refuses
+``where(cpu_mask, cuda_scores, ...)``, as the H200 run found)."""
+
+
+def _device_of(value: Any) -> Any:
+    first = value[0] if isinstance(value, (tuple, list)) and value else value
+    return first.device if isinstance(first, torch.Tensor) else None
+
+
 class GraphBuilder:
     """Inserts calls before ``anchor``'s place with FakeTensor values and its stack
     trace, so later passes, lowering and reports see them like traced nodes.
-    Use inside ``graph.inserting_before(anchor)``."""
+    A tensor it makes from nothing (:data:`_FACTORIES`) is made on the anchor's
+    device. Use inside ``graph.inserting_before(anchor)``."""
 
     def __init__(self, graph: torch.fx.Graph, anchor: torch.fx.Node) -> None:
         self.graph = graph
         self.anchor = anchor
         self.fake_mode = detect_fake_mode([anchor.meta.get("val")])
+        self.device = _device_of(anchor.meta.get("val"))
 
     def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        if target in _FACTORIES and "device" not in kwargs and self.device is not None:
+            kwargs["device"] = self.device
         node = self.graph.call_function(target, args, kwargs)
         fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
         with self.fake_mode:
@@ -44,11 +63,7 @@ class GraphBuilder:
         return node
 
     def arange(self, extent: int) -> torch.fx.Node:
-        node = self.graph.call_function(torch.ops.aten.arange.default, (extent,), {"dtype": torch.int64})
-        with self.fake_mode:
-            node.meta["val"] = torch.arange(extent, dtype=torch.int64)
-        node.meta["stack_trace"] = self.anchor.meta.get("stack_trace") or ""
-        return node
+        return self.call(torch.ops.aten.arange.default, extent, dtype=torch.int64)
 
     def replace_anchor(self, result: torch.fx.Node) -> None:
         """Let ``result`` stand where the anchor was, and drop the anchor."""

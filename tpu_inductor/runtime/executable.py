@@ -26,6 +26,7 @@ from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import jaxlib_api, transfer
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
+from tpu_inductor.lowering.matmul_precision import torch_precisions, with_torch_precision
 from tpu_inductor.runtime.isolated_compile import compile_and_load
 from tpu_inductor.runtime.mesh import Mesh
 from tpu_inductor.runtime.platform import Platform
@@ -239,6 +240,8 @@ def compile_stablehlo(
     (``Config.isolate_lowering``): XLA compiles in the helper process where it
     can (runtime/isolated_compile.py)."""
     started = time.perf_counter()
+    if platform.name != "cpu":  # XLA:CPU's float32 is exact at every precision
+        module = with_torch_precision(module, torch_precisions())
     replica_ids = tuple(device.id for device in replicas)
     key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids)
     digest = key.digest
