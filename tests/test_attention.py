@@ -196,12 +196,13 @@ def _cuda_attention_graph(op, *args, **kwargs) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-@pytest.mark.parametrize("op, is_causal", [
-    (torch.ops.aten._scaled_dot_product_efficient_attention.default, False),
-    (torch.ops.aten._scaled_dot_product_cudnn_attention.default, True),
-    (torch.ops.aten._scaled_dot_product_flash_attention.default, True),
+@pytest.mark.parametrize("op, is_causal, by_name", [
+    (torch.ops.aten._scaled_dot_product_efficient_attention.default, False, False),
+    (torch.ops.aten._scaled_dot_product_efficient_attention.default, True, True),
+    (torch.ops.aten._scaled_dot_product_cudnn_attention.default, True, False),
+    (torch.ops.aten._scaled_dot_product_flash_attention.default, True, False),
 ])
-def test_cuda_attention_becomes_the_cpu_attention_op(op, is_causal):
+def test_cuda_attention_becomes_the_cpu_attention_op(op, is_causal, by_name):
     """Traced with CUDA tensors, inference attention is one of CUDA's kernels;
     it becomes the CPU op passes/attention.py builds, with the same numbers."""
     from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
@@ -210,7 +211,8 @@ def test_cuda_attention_becomes_the_cpu_attention_op(op, is_causal):
     q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
     bias = torch.randn(2, 4, 6, 6)
     flash = op is torch.ops.aten._scaled_dot_product_flash_attention.default
-    gm = cuda_attention_as_cpu_attention(_cuda_attention_graph(op, 0.0, is_causal, scale=0.3))
+    flags = ((), {"dropout_p": 0.0, "is_causal": is_causal}) if by_name else ((0.0, is_causal), {})
+    gm = cuda_attention_as_cpu_attention(_cuda_attention_graph(op, *flags[0], **flags[1], scale=0.3))
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"][0] is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=None if flash else bias, is_causal=is_causal, scale=0.3)
     torch.testing.assert_close(gm(q, k, v, bias), expected)

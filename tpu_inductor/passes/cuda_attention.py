@@ -23,7 +23,7 @@ After:  ``attn = _scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True,
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -32,20 +32,23 @@ from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION
 
 aten = torch.ops.aten
 
-# Each CUDA op -> (attn_bias, dropout_p, is_causal) from its node's positional
-# arguments, with the schema's defaults.
-_ARGUMENTS: dict[Any, Callable[[tuple], tuple[Optional[torch.fx.Node], float, bool]]] = {
+# Each CUDA op -> the positions of attn_bias (None: it takes none), dropout_p
+# and is_causal in its schema; the schema's names are the same for all three.
+_POSITIONS: dict[Any, tuple[Optional[int], int, int]] = {
     # (q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None)
-    aten._scaled_dot_product_efficient_attention.default: lambda a: (a[3], _at(a, 5, 0.0), _at(a, 6, False)),
+    aten._scaled_dot_product_efficient_attention.default: (3, 5, 6),
     # (q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)
-    aten._scaled_dot_product_cudnn_attention.default: lambda a: (a[3], _at(a, 5, 0.0), _at(a, 6, False)),
+    aten._scaled_dot_product_cudnn_attention.default: (3, 5, 6),
     # (q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None)
-    aten._scaled_dot_product_flash_attention.default: lambda a: (None, _at(a, 3, 0.0), _at(a, 4, False)),
+    aten._scaled_dot_product_flash_attention.default: (None, 3, 4),
 }
 
 
-def _at(args: tuple, index: int, default: Any) -> Any:
-    return args[index] if len(args) > index else default
+def _argument(node: torch.fx.Node, position: Optional[int], name: str, default: Any) -> Any:
+    """An argument passed by position or by name, else its default."""
+    if position is not None and len(node.args) > position:
+        return node.args[position]
+    return node.kwargs.get(name, default)
 
 
 def _reads_only_the_output(node: torch.fx.Node) -> bool:
@@ -55,10 +58,13 @@ def _reads_only_the_output(node: torch.fx.Node) -> bool:
 def cuda_attention_as_cpu_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     changed = False
     for node in list(gm.graph.nodes):
-        arguments = _ARGUMENTS.get(node.target) if node.op == "call_function" else None
-        if arguments is None:
+        positions = _POSITIONS.get(node.target) if node.op == "call_function" else None
+        if positions is None:
             continue
-        bias, dropout_p, is_causal = arguments(node.args)
+        bias_at, dropout_at, causal_at = positions
+        bias = _argument(node, bias_at, "attn_bias", None) if bias_at is not None else None
+        dropout_p = _argument(node, dropout_at, "dropout_p", 0.0)
+        is_causal = _argument(node, causal_at, "is_causal", False)
         if dropout_p != 0.0 or not _reads_only_the_output(node):
             continue  # training: its backward reads the other outputs
         kwargs = {"attn_mask": bias, "scale": node.kwargs.get("scale")}
