@@ -264,7 +264,9 @@ def environment() -> dict:
         "jax": version("jax"),
         "jaxlib": version("jaxlib"),
         "tpu_inductor_commit": head_commit(),
-        "tpu_inductor_dirty": not os.environ.get("BENCHMARK_COMMIT") and bool(git("status", "--porcelain", "--untracked-files=no")),
+        # A told commit is the tree measured; git's status there describes another.
+        "tpu_inductor_dirty": not os.environ.get("BENCHMARK_COMMIT")
+        and bool(git("status", "--porcelain", "--untracked-files=no")),
         "cpus": os.cpu_count(),
     }
 

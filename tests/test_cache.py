@@ -166,6 +166,23 @@ def test_the_xla_thread_count_is_part_of_the_executable_key(tmp_path):
     assert not lookup.hit and lookup.reason == "platform changed"
 
 
+def test_float32_precision_is_part_of_the_executable_key(tmp_path):
+    """On a plugin the precision torch asks for is written on the module at
+    compile time only: a changed setting is a miss that says the options changed."""
+    from tpu_inductor.runtime.disk_cache import CacheDir
+    from tpu_inductor.runtime.executable import executable_key
+    from tpu_inductor.runtime.platform import get_platform
+
+    platform = get_platform("cpu")
+    highest = {"stablehlo.dot_general": "HIGHEST"}
+    cache = CacheDir(tmp_path)
+    cache.store("executables", executable_key(b"module", [], platform, precisions=highest), {"executable.bin": b"x"}, 1.0)
+    assert cache.load("executables", executable_key(b"module", [], platform, precisions=highest), lambda f: f).hit
+    lookup = cache.load("executables", executable_key(b"module", [], platform, precisions={
+        "stablehlo.dot_general": "HIGH"}), lambda files: files)
+    assert not lookup.hit and lookup.reason == "options changed"
+
+
 def test_version_change(tmp_path, monkeypatch, caplog):
     run(tmp_path)
     newer = {**versions.component_versions(), "torch-mlir": "29990101"}

@@ -16,8 +16,9 @@ dot and convolution gets the precision torch's setting for it stands for:
   torch, as cuDNN's TF32): True -> HIGH, False -> HIGHEST.
 
 Only for PJRT plugins (CUDA, TPU): XLA:CPU computes float32 exactly at every
-precision, and its modules stay as they are. The precision is part of the
-module, so of the executable's cache key.
+precision, and its modules stay as they are. The precisions are part of
+the executable's cache key (runtime/executable.py), and are written on the
+module only when XLA compiles it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Union
 
 import torch
 
+from tpu_inductor.lowering.mlir_ops import ops_where
 from tpu_inductor.lowering.pipeline_worker import bytecode_of
 
 _MATMUL = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
@@ -46,18 +48,14 @@ def with_torch_precision(module: Union[bytes, str], precisions: dict[str, str]) 
 
     from tpu_inductor.runtime.jaxlib_api import mlir_context
 
+    def float32_without_precision(op: Any) -> bool:
+        return op.name in _OPS and "precision_config" not in op.attributes and all(
+            str(ir.ShapedType(operand.type).element_type) == "f32" for operand in op.operands
+        )
+
     with mlir_context(), ir.Location.unknown():
         parsed = ir.Module.parse(module)
-        found: list[Any] = []
-
-        def visit(op: Any) -> Any:
-            if op.name in _OPS and "precision_config" not in op.attributes and all(
-                str(ir.ShapedType(operand.type).element_type) == "f32" for operand in op.operands
-            ):
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        parsed.operation.walk(visit)
+        found = ops_where(parsed, ir, float32_without_precision)
         for op in found:
             precision = ir.Attribute.parse(f"#stablehlo<precision {precisions[op.name]}>")
             op.attributes["precision_config"] = ir.ArrayAttr.get([precision] * 2)

@@ -29,6 +29,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.decompositions.table import CPU_FLASH_ATTENTION
+from tpu_inductor.passes.rewrite import replace_with_call
 
 aten = torch.ops.aten
 
@@ -68,16 +69,12 @@ def cuda_attention_as_cpu_attention(gm: torch.fx.GraphModule) -> torch.fx.GraphM
         if dropout_p != 0.0 or not _reads_only_the_output(node):
             continue  # training: its backward reads the other outputs
         kwargs = {"attn_mask": bias, "scale": node.kwargs.get("scale")}
-        with gm.graph.inserting_before(node):
-            attention = gm.graph.call_function(
-                CPU_FLASH_ATTENTION, (*node.args[:3], 0.0, is_causal),
-                {name: value for name, value in kwargs.items() if value is not None},
-            )
-        attention.meta = dict(node.meta)
-        if isinstance(node.meta.get("val"), (tuple, list)):
-            attention.meta["val"] = tuple(node.meta["val"][:2])  # (output, logsumexp), as the CPU op returns
-        node.replace_all_uses_with(attention)
-        gm.graph.erase_node(node)
+        attention = replace_with_call(
+            gm, node, CPU_FLASH_ATTENTION, (*node.args[:3], 0.0, is_causal),
+            {name: value for name, value in kwargs.items() if value is not None},
+        )
+        if isinstance(attention.meta.get("val"), (tuple, list)):
+            attention.meta["val"] = tuple(attention.meta["val"][:2])  # (output, logsumexp), as the CPU op returns
         changed = True
     if changed:
         gm.graph.lint()

@@ -192,8 +192,12 @@ def executable_key(
     xla_flags: str = "",
     mesh: Optional[Mesh] = None,
     replicas: tuple[int, ...] = (),
+    precisions: Optional[dict[str, str]] = None,
 ) -> CacheKey:
-    """Everything that shapes the executable, grouped so a miss can say what changed."""
+    """Everything that shapes the executable, grouped so a miss can say what
+    changed. ``precisions``: what XLA's float32 dots and convolutions are
+    compiled at on a PJRT plugin (lowering/matmul_precision.py), None on the
+    CPU client."""
     data = module.encode() if isinstance(module, str) else module
     return CacheKey(
         identity={
@@ -215,6 +219,7 @@ def executable_key(
                 "xla_flags": xla_flags,
                 **({"mesh": mesh.describe()} if mesh is not None else {}),
                 **({"replicas": list(replicas)} if replicas else {}),
+                **({"float32_precision": precisions} if precisions is not None else {}),
             },
             "versions": key_versions(),
         },
@@ -240,10 +245,11 @@ def compile_stablehlo(
     (``Config.isolate_lowering``): XLA compiles in the helper process where it
     can (runtime/isolated_compile.py)."""
     started = time.perf_counter()
-    if platform.name != "cpu":  # XLA:CPU's float32 is exact at every precision
-        module = with_torch_precision(module, torch_precisions())
+    # Part of the key, written on the module only when XLA compiles it (a
+    # cache hit parses nothing); XLA:CPU's float32 is exact at every precision.
+    precisions = torch_precisions() if platform.name != "cpu" else None
     replica_ids = tuple(device.id for device in replicas)
-    key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids)
+    key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids, precisions)
     digest = key.digest
     runs_on = tuple(replicas) or (tuple(mesh.devices) if mesh is not None else (platform.device,))
     devices = jaxlib_api.DeviceList(runs_on)
@@ -265,6 +271,8 @@ def compile_stablehlo(
     if loaded is None:
         source = "xla"
         compile_started = time.perf_counter()
+        if precisions is not None:
+            module = with_torch_precision(module, precisions)
         with report.stage("xla"):
             options = _compile_options(mesh, replica_ids)
             loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)

@@ -123,7 +123,7 @@ def jax_backend(platform: str) -> Any:
     """
     from jax._src import xla_bridge
 
-    if platform == "cuda" and not set(_GPU_MEMORY_SETTINGS) & set(os.environ):
+    if platform == "cuda" and not any(name in os.environ for name in _GPU_MEMORY_SETTINGS):
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     return xla_bridge.get_backend(platform)
 
