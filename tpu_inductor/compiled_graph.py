@@ -392,6 +392,7 @@ def compile_module(
         xla_flags=context.config.xla_flags,
         mesh=mesh,
         isolate=context.config.isolate_lowering,
+        choose_schedule=context.config.choose_xla_schedule,
     )
     keyed_name = f"{name} ({stats.key})"
     if mesh is not None:
@@ -497,6 +498,7 @@ def compiled_island_record(
         cache_key=stats.key,
         lower_source=lower_source,
         ops=ops or {},
+        xla_schedule=stats.schedule,
     )
     if isinstance(executable, ShardedExecutable):
         executable.record_into(island_record)

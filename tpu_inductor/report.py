@@ -66,6 +66,10 @@ class IslandRecord:
     collectives: Optional[dict[str, int]] = None
     """On a device mesh: the collectives XLA put in the compiled program
     (``all-reduce``, ``all-gather``, ...), counted from its HLO."""
+    xla_schedule: Optional[str] = None
+    """XLA:CPU's scheduler kept for this executable and the temporary memory
+    each needed, when this process compiled it (runtime/xla_schedule.py);
+    None otherwise."""
     tpu_findings: Optional[list[dict]] = None
     """What a TPU could not run in the island's module (lowering/tpu_readiness.py:
     ``kind``, ``op``, ``detail``, ``explained``); None when not checked."""

@@ -24,7 +24,7 @@ import torch
 from tpu_inductor import report
 from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
-from tpu_inductor.runtime import jaxlib_api, transfer
+from tpu_inductor.runtime import jaxlib_api, transfer, xla_schedule
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
 from tpu_inductor.lowering.matmul_precision import torch_precisions, with_torch_precision
 from tpu_inductor.runtime.isolated_compile import compile_and_load
@@ -41,6 +41,8 @@ class CompileStats:
     source: str  # "memory", "disk" or "xla"
     seconds: float
     key: str
+    schedule: Optional[str] = None
+    """XLA:CPU's scheduler, when this compile chose one (runtime/xla_schedule.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,11 +195,13 @@ def executable_key(
     mesh: Optional[Mesh] = None,
     replicas: tuple[int, ...] = (),
     precisions: Optional[dict[str, str]] = None,
+    chosen_schedule: bool = False,
 ) -> CacheKey:
     """Everything that shapes the executable, grouped so a miss can say what
     changed. ``precisions``: what XLA's float32 dots and convolutions are
     compiled at on a PJRT plugin (lowering/matmul_precision.py), None on the
-    CPU client."""
+    CPU client; ``chosen_schedule``: XLA:CPU's scheduler is chosen per
+    executable (runtime/xla_schedule.py)."""
     data = module.encode() if isinstance(module, str) else module
     return CacheKey(
         identity={
@@ -220,6 +224,7 @@ def executable_key(
                 **({"mesh": mesh.describe()} if mesh is not None else {}),
                 **({"replicas": list(replicas)} if replicas else {}),
                 **({"float32_precision": precisions} if precisions is not None else {}),
+                **({"xla_cpu_schedule": "chosen"} if chosen_schedule else {}),
             },
             "versions": key_versions(),
         },
@@ -236,6 +241,7 @@ def compile_stablehlo(
     mesh: Optional[Mesh] = None,
     replicas: Sequence[Any] = (),
     isolate: bool = False,
+    choose_schedule: bool = False,
 ) -> tuple[Any, CompileStats]:
     """A loaded executable for ``module`` (StableHLO bytecode or text): from memory,
     disk, or XLA. ``input_specs``, ``xla_flags`` (``Config.xla_flags``) and the
@@ -243,22 +249,25 @@ def compile_stablehlo(
     devices it runs one replica on each of (``replicas``: a rank's program
     whose collectives span them), go into the cache key. ``isolate``
     (``Config.isolate_lowering``): XLA compiles in the helper process where it
-    can (runtime/isolated_compile.py)."""
+    can (runtime/isolated_compile.py). ``choose_schedule``
+    (``Config.choose_xla_schedule``): on the CPU client, XLA compiles it with
+    both of its schedulers and runtime/xla_schedule.py keeps one."""
     started = time.perf_counter()
     # Part of the key, written on the module only when XLA compiles it (a
     # cache hit parses nothing); XLA:CPU's float32 is exact at every precision.
     precisions = torch_precisions() if platform.name != "cpu" else None
     replica_ids = tuple(device.id for device in replicas)
-    key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids, precisions)
-    digest = key.digest
     runs_on = tuple(replicas) or (tuple(mesh.devices) if mesh is not None else (platform.device,))
+    chosen = choose_schedule and xla_schedule.applies(platform, xla_flags, len(runs_on) == 1)
+    key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids, precisions, chosen)
+    digest = key.digest
     devices = jaxlib_api.DeviceList(runs_on)
     loaded = STATE.executables.get(digest)
     if loaded is not None and loaded.client is not platform.client:
         # Loaded on another client of this process (a mesh's devices are a
         # client of their own): its buffers are not this client's.
         loaded = None
-    source = "memory"
+    source, schedule = "memory", None
     if loaded is None and disk_cache is not None:
         lookup = disk_cache.load(
             "executables",
@@ -276,12 +285,39 @@ def compile_stablehlo(
         with report.stage("xla"):
             options = _compile_options(mesh, replica_ids)
             loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)
+            if chosen:
+                (loaded, serialized), schedule = _with_kept_schedule(
+                    platform, module, devices, options, isolate, (loaded, serialized)
+                )
         if disk_cache is not None:
             _store(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
     STATE.executables[digest] = loaded
-    stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest)
+    stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest, schedule=schedule)
     log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
     return loaded, stats
+
+
+def _with_kept_schedule(
+    platform: Platform,
+    module: Union[bytes, str],
+    devices: Any,
+    options: Any,
+    isolate: bool,
+    default: tuple[Any, Optional[bytes]],
+) -> tuple[tuple[Any, Optional[bytes]], Optional[str]]:
+    """``default`` (an executable compiled with ``options`` and its bytes) or the
+    same module compiled with XLA:CPU's memory-optimized scheduler, whichever
+    runtime/xla_schedule.py keeps, and the report's words for the choice."""
+    from tpu_inductor.runtime.isolated_compile import XlaCompileError
+
+    try:
+        alternative = compile_and_load(platform, module, devices, xla_schedule.memory_optimized(options), isolate=isolate)
+    except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
+        log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s); keeping the default", exc)
+        return default, None
+    keep, words = xla_schedule.kept_schedule(default[0], alternative[0])
+    log.debug("tpu_inductor: XLA:CPU schedule %s", words)
+    return (alternative if keep else default), words
 
 
 def _store(

@@ -1,0 +1,78 @@
+"""XLA:CPU's scheduler is chosen per executable by the temporary memory each
+needs (runtime/xla_schedule.py); the choice never changes a result."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import tpu_inductor.report as report
+from tpu_inductor.runtime import xla_schedule
+
+
+def _scaled_chain(x, weights, scales):
+    # Each folded weight depends on parameters only: the default (breadth
+    # first) schedule computes all of them before the first product and keeps
+    # them alive together; the memory-optimized one makes each just before use.
+    for weight, scale in zip(weights, scales):
+        x = torch.relu(x @ (weight * scale))
+    return x
+
+
+def _inputs(width: int):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8, width, generator=generator)
+    weights = [torch.randn(width, width, generator=generator) / width**0.5 for _ in range(6)]
+    scales = [torch.rand(width, generator=generator) for _ in range(6)]
+    return x, weights, scales
+
+
+def _compiled_islands(width: int, **options):
+    args = _inputs(width)
+    got = torch.compile(_scaled_chain, backend="tpu", options={"cache": False, "strict": True, **options})(*args)
+    torch.testing.assert_close(got, _scaled_chain(*args), rtol=1e-5, atol=1e-5)
+    return report.current().islands()
+
+
+def test_the_schedule_that_needs_less_memory_is_kept():
+    (island,) = _compiled_islands(64)
+    assert island.compile_source == "xla"
+    assert island.xla_schedule is not None and island.xla_schedule.startswith("memory-optimized")
+
+
+def test_the_option_turns_the_choice_off():
+    (island,) = _compiled_islands(48, choose_xla_schedule=False)
+    assert island.compile_source == "xla" and island.xla_schedule is None
+
+
+def test_a_scheduler_named_in_xla_flags_stands(monkeypatch):
+    # XLA's own default, named: read into the key and the choice, changes nothing else.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=true")
+    (island,) = _compiled_islands(40)
+    assert island.compile_source == "xla" and island.xla_schedule is None
+
+
+def _executable(temporary_bytes: int):
+    stats = types.SimpleNamespace(temp_size_in_bytes=temporary_bytes)
+    return types.SimpleNamespace(get_compiled_memory_stats=lambda: stats)
+
+
+@pytest.mark.parametrize(
+    "default_bytes, optimized_bytes, kept",
+    [(13_474_784, 4_464_640, True), (7_424, 2_240, True), (655_360, 786_432, False), (50_432, 50_432, False), (0, 0, False)],
+)
+def test_kept_only_where_it_needs_clearly_less(default_bytes, optimized_bytes, kept):
+    keep, words = xla_schedule.kept_schedule(_executable(default_bytes), _executable(optimized_bytes))
+    assert keep is kept
+    assert words.startswith("memory-optimized" if kept else "default")
+
+
+def test_the_override_is_added_to_a_copy():
+    from tpu_inductor.runtime import jaxlib_api
+
+    options = jaxlib_api.CompileOptions()
+    changed = xla_schedule.memory_optimized(options)
+    assert list(changed.env_option_overrides) == [xla_schedule.MEMORY_OPTIMIZED]
+    assert list(options.env_option_overrides) == []
