@@ -65,7 +65,9 @@ workload's number.
 
 Settings: the headline run (no ``--threads``) changes nothing a user would
 not: threads, allocator and XLA flags are what each runtime picks by itself
-on this machine (issue 21: "measure what users get"). ``--threads N`` is the
+on this machine (issue 21: "measure what users get"); the tpu path's CPU
+client fixes glibc's malloc thresholds for its own process, as it does for
+any user (runtime/malloc_thresholds.py). ``--threads N`` is the
 lab setting beside it: every path gets N intra-op threads --
 ``torch.set_num_threads`` (eager and Inductor's generated kernels),
 ``PJRT_NPROC`` for XLA (the size of the PJRT CPU client's pools) plus, for
@@ -150,29 +152,23 @@ def _pinning_environment(threads: int, environ: Mapping[str, str]) -> dict[str, 
     }
 
 
-MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
-TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # what glibc sets when it raises the mmap threshold
-
-
 def _pin_allocator() -> dict[str, Any]:
-    """glibc malloc's thresholds fixed where its dynamic adjustment ends (see the docstring)."""
-    import ctypes
-    import ctypes.util
+    """glibc malloc's thresholds fixed where its dynamic adjustment ends, for
+    every path (the lab table): the same call the tpu backend's CPU client
+    makes for itself (runtime/malloc_thresholds.py)."""
+    from tpu_inductor.runtime.malloc_thresholds import pin
 
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    name = ctypes.util.find_library("c")
-    if sys.platform != "linux" or name is None:
-        return {"pinned": False, "why": f"no glibc on {sys.platform}"}
-    libc = ctypes.CDLL(name)
-    if not (libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD) and libc.mallopt(m_trim_threshold, TRIM_THRESHOLD)):
-        return {"pinned": False, "why": "mallopt refused"}
-    return {"pinned": True, "mmap_threshold": MMAP_THRESHOLD, "trim_threshold": TRIM_THRESHOLD}
+    return pin()
 
 
 # Before torch, jax or tpu_inductor is imported: XLA and OpenMP read these once.
 THREADS = _threads_from_argv(sys.argv[1:])
 os.environ.update(_pinning_environment(THREADS, os.environ))
-ALLOCATOR = _pin_allocator() if THREADS else {"pinned": False, "why": "defaults"}
+ALLOCATOR = (
+    _pin_allocator()
+    if THREADS
+    else {"pinned": False, "why": "defaults (the tpu path's CPU client pins its own: runtime/malloc_thresholds.py)"}
+)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

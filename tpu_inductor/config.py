@@ -186,6 +186,14 @@ class Config:
     an option). Unset: as many threads as ``torch.get_num_threads()`` then,
     so that ``torch.set_num_threads`` sets both runtimes' threads."""
 
+    pin_malloc_thresholds: bool = dataclasses.field(default=True, metadata={"option": False})
+    """When our CPU client starts, fix glibc's malloc mmap and trim thresholds
+    where glibc's own adjustment ends (32 MiB, 64 MiB), so that XLA's results
+    reuse freed memory instead of faulting in fresh pages at every call
+    (runtime/malloc_thresholds.py). Process-wide, so environment only;
+    thresholds set through glibc's own variables win.
+    Env: ``TPU_INDUCTOR_PIN_MALLOC_THRESHOLDS``."""
+
     @property
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir or _default_cache_dir(os.environ))

@@ -74,13 +74,17 @@ def _make_cpu_client(num_devices: int = 1) -> tuple[Any, int]:
     inputs on the caller's thread, under the GIL, before the call returns;
     callers wait for the outputs anyway, and tiny graphs skip a thread handoff.
 
-    Its intra-op pool gets PyTorch's thread count (runtime/threads.py).
+    Its intra-op pool gets PyTorch's thread count (runtime/threads.py), and
+    glibc's malloc thresholds are fixed (runtime/malloc_thresholds.py).
     """
     from tpu_inductor.config import Config
-    from tpu_inductor.runtime import jaxlib_api
+    from tpu_inductor.runtime import jaxlib_api, malloc_thresholds
     from tpu_inductor.runtime.threads import xla_cpu_threads
 
-    threads = xla_cpu_threads(Config.load().pjrt_nproc)
+    config = Config.load()
+    if config.pin_malloc_thresholds:
+        malloc_thresholds.pin()
+    threads = xla_cpu_threads(config.pjrt_nproc)
     client = jaxlib_api.make_cpu_client(num_devices, threads)
     log.debug("tpu_inductor: XLA:CPU client with %d intra-op threads", threads)
     return client, threads
