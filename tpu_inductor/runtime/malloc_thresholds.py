@@ -12,8 +12,9 @@ process freed before. perf.py's MLP training step, whose weight gradients
 are three new 4 MiB results a step, took 1,860-2,770 page faults and
 3.6-5.5 ms of kernel time a step (2 cores, default settings, four
 processes); with the thresholds fixed at those ceilings, 0-17 faults and
-0.15-0.55 ms, and the step 12.4-14.4 ms -> 10.1-13.9 ms (median 13.7 -> 11.3); perf.py's
-step against Inductor's went from 0.83x-0.89x to 1.21x, 1.08x and 0.92x in three runs.
+0.15-0.55 ms, and the step 12.4-14.4 ms -> 10.1-13.9 ms (median 13.7 ->
+11.3); perf.py's step against Inductor's went from 0.83x-0.89x to 1.21x,
+1.08x and 0.92x in three runs.
 
 So :func:`pin` sets them where glibc's adjustment would end (``mallopt``),
 once, when our CPU client starts. It is process-wide: up to 64 MiB of
