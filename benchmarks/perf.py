@@ -152,23 +152,15 @@ def _pinning_environment(threads: int, environ: Mapping[str, str]) -> dict[str, 
     }
 
 
-def _pin_allocator() -> dict[str, Any]:
-    """glibc malloc's thresholds fixed where its dynamic adjustment ends, for
-    every path (the lab table): the same call the tpu backend's CPU client
-    makes for itself (runtime/malloc_thresholds.py)."""
-    from tpu_inductor.runtime.malloc_thresholds import pin
-
-    return pin()
-
-
 # Before torch, jax or tpu_inductor is imported: XLA and OpenMP read these once.
 THREADS = _threads_from_argv(sys.argv[1:])
 os.environ.update(_pinning_environment(THREADS, os.environ))
-ALLOCATOR = (
-    _pin_allocator()
-    if THREADS
-    else {"pinned": False, "why": "defaults (the tpu path's CPU client pins its own: runtime/malloc_thresholds.py)"}
-)
+if THREADS:  # every path, as the tpu backend's CPU client does for its own process
+    from tpu_inductor.runtime.malloc_thresholds import pin  # noqa: E402
+
+    ALLOCATOR = pin()
+else:
+    ALLOCATOR = {"pinned": False, "why": "defaults (the tpu path's CPU client pins its own: runtime/malloc_thresholds.py)"}
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -27,7 +27,7 @@ from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import jaxlib_api, transfer, xla_schedule
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
 from tpu_inductor.lowering.matmul_precision import torch_precisions, with_torch_precision
-from tpu_inductor.runtime.isolated_compile import compile_and_load
+from tpu_inductor.runtime.isolated_compile import XlaCompileError, compile_and_load
 from tpu_inductor.runtime.mesh import Mesh
 from tpu_inductor.runtime.platform import Platform
 
@@ -308,8 +308,6 @@ def _with_kept_schedule(
     """``default`` (an executable compiled with ``options`` and its bytes) or the
     same module compiled with XLA:CPU's memory-optimized scheduler, whichever
     runtime/xla_schedule.py keeps, and the report's words for the choice."""
-    from tpu_inductor.runtime.isolated_compile import XlaCompileError
-
     try:
         alternative = compile_and_load(platform, module, devices, xla_schedule.memory_optimized(options), isolate=isolate)
     except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
