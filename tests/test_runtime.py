@@ -40,6 +40,13 @@ def test_broadcast_views_are_made_dense_first():
     torch.testing.assert_close(_round_trip(x, platform)[1], x)
 
 
+def test_negative_views_upload_as_their_values():
+    # numpy() refuses a tensor with the negative bit; DLPack would drop it.
+    platform = get_platform("cpu", zero_copy=False)
+    negative = torch._neg_view(torch.randn(5))
+    torch.testing.assert_close(transfer.to_torch(transfer.to_device(negative, platform), platform), negative)
+
+
 def _run(script: str, cache_dir: Path) -> str:
     env_script = textwrap.dedent(script)
     out = subprocess.run(

@@ -115,8 +115,15 @@ class DeviceExecutable:
 
     def _call_sharing_host_memory(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """The CPU client's call: kept argument views, C++ result handlers."""
-        results = self._loaded.execute_sharded(self._host_views.buffers(tensors))
-        outputs = [transfer.host_tensor(a) for a in results.consume_with_handlers(self._result_handlers)]
+        views = self._host_views
+        # The staging buffers hold this call's small arguments until XLA has read them.
+        staging = views.lock.acquire(blocking=False)
+        try:
+            results = self._loaded.execute_sharded(views.buffers(tensors, staging))
+            outputs = [transfer.host_tensor(a) for a in results.consume_with_handlers(self._result_handlers)]
+        finally:
+            if staging:
+                views.lock.release()
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
