@@ -180,6 +180,91 @@ def test_a_padded_graph_writes_the_callers_cache_after_its_call(zero_copy, monke
         assert len(padded_uploads) == 3, uploads
 
 
+def _index_put_form(x: torch.Tensor, index: torch.Tensor, rows: torch.Tensor):
+    """The in-place op and arguments ``input_writes_in_place`` picks for ``x[:, :, index] = rows``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tpu_inductor.passes.input_writes_in_place import _in_place_form
+
+    def write(x, index, rows):
+        return torch.ops.aten.index_put.default(x, [None, None, index], rows)
+
+    gm = make_fx(write, tracing_mode="fake")(x, index, rows)
+    node = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.index_put.default)
+    return _in_place_form(gm.graph, node)
+
+
+def test_whole_rows_are_written_by_index_copy_and_anything_else_by_index_put():
+    aten = torch.ops.aten
+    cache, index = torch.zeros(2, 4, 16, 8), torch.tensor([3])
+    op, args, _ = _index_put_form(cache, index, torch.zeros(2, 4, 1, 8))
+    assert op is aten.index_copy_.default and args[0] == 2
+    assert args[1].target is aten.where.self  # negative positions wrapped first
+    # Rows that broadcast, or a mask, are index_put_'s alone.
+    assert _index_put_form(cache, index, torch.zeros(1, 4, 1, 8))[0] is aten.index_put_.default
+    mask = torch.zeros(16, dtype=torch.bool)
+    assert _index_put_form(cache, mask, torch.zeros(2, 4, 0, 8))[0] is aten.index_put_.default
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["static", "padded"])
+def test_a_row_write_at_negative_positions_lands_where_eager_puts_it(padded, monkeypatch):
+    """``cache[:, :, positions] = rows`` with positions counted from the end:
+    the write runs as ``index_copy_``, which refuses them unwrapped."""
+    from tpu_inductor.passes import input_writes_in_place
+
+    writes = []
+    finish = input_writes_in_place.DeferredWrites.finish
+    monkeypatch.setattr(
+        input_writes_in_place.DeferredWrites,
+        "finish",
+        lambda self, *args: (writes.extend(w.op for w in self.writes), finish(self, *args))[1],
+    )
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+
+    def step(cache, positions, x):
+        cache[:, :, positions] = x.sum(2, keepdim=True).expand(2, 4, 2, 8)
+        return (cache @ weight).softmax(-1)
+
+    compiled = torch.compile(step, backend="tpu", options={"cache": False, "strict": True})
+    length = 1024 if not padded else 64  # 256 KiB: written in place on a static graph
+    cache = torch.randn(2, 4, length, 8, generator=torch.Generator().manual_seed(0))
+    eager_cache = cache.clone()
+    generator = torch.Generator().manual_seed(1)
+    # Padded: x's length varies, so the graph is padded and the write deferred to after it.
+    for x_length in (5, 9, 13) if padded else (5, 5, 5):
+        for positions in (torch.tensor([-1, 2]), torch.tensor([3, -8])):
+            x = torch.randn(2, 4, x_length, 8, generator=generator)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(cache, positions, x), step(eager_cache, positions, x),
+                                           rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(cache, eager_cache)  # the rows are computed: not bit for bit
+    assert report.current().graphs[-1].inputs_written_in_place == 1
+    assert set(writes) == ({torch.ops.aten.index_copy_.default} if padded else set())
+
+
+def test_a_padded_cache_written_along_another_dim_matches_eager():
+    """The cache is padded along its length and written along its last dim:
+    the write's rows come cut back to the real length, and go into the kept
+    padded copy's real part (they once met its padded length: an error)."""
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+
+    def step(cache, positions, rows):
+        cache.index_copy_(3, positions, rows)
+        return (cache @ weight).softmax(-1)
+
+    compiled = torch.compile(step, backend="tpu", options={"cache": False, "strict": True})
+    generator = torch.Generator().manual_seed(1)
+    for length in (40, 50, 60):
+        cache, eager_cache = torch.zeros(2, 4, length, 8), torch.zeros(2, 4, length, 8)
+        for position in range(3):
+            positions, rows = torch.tensor([position, position + 4]), torch.randn(2, 4, length, 2, generator=generator)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(cache, positions, rows), step(eager_cache, positions, rows),
+                                           rtol=1e-5, atol=1e-6)
+            assert torch.equal(cache, eager_cache)
+    assert report.current().dynamic_graphs[-1].padded
+
+
 def test_a_kept_padded_copy_lives_as_long_as_its_argument_and_only_while_unchanged():
     from tpu_inductor.dynamic.kept_padding import KeptPadding
 

@@ -84,7 +84,13 @@ class KeptPadding:
             return
         padded = entry[2]
         version_before = padded._version
-        op(padded, *args, **kwargs)
+        # The operands are cut back to the real sizes: along a padded dim the
+        # write lands in the copy's real part (a view; the version is shared).
+        real_part = padded
+        for dim, (real, have) in enumerate(zip(argument.shape, padded.shape)):
+            if real != have:
+                real_part = real_part.narrow(dim, 0, real)
+        op(real_part, *args, **kwargs)
         if self._resident is not None:
             keep_written(self._resident, padded, version_before, device_value, op, args)
         # AOTAutograd then copies the argument into itself: its version moves

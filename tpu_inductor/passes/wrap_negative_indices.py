@@ -13,6 +13,8 @@ After:  ``%w = aten.where(aten.lt(%i, 0), aten.add(%i, x.size(0)), %i)``;
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.fx
 from tpu_inductor.torch_api import detect_fake_mode
@@ -36,7 +38,7 @@ def wrap_negative_indices(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             if value is None or value.dtype == torch.bool or value.dtype.is_floating_point:
                 continue
             with graph.inserting_before(node):
-                wrapped[dim] = _wrapped(graph, source, dim, shape[dim], index, value)
+                wrapped[dim] = wrapped_index(graph, source, dim, shape[dim], index, value)
             changed = True
         node.args = (source, wrapped, *node.args[2:])
     if changed:
@@ -44,7 +46,9 @@ def wrap_negative_indices(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-def _wrapped(graph, source, dim, size, index, value) -> torch.fx.Node:
+def wrapped_index(
+    graph: torch.fx.Graph, source: torch.fx.Node, dim: int, size: Any, index: torch.fx.Node, value: torch.Tensor
+) -> torch.fx.Node:
     """``where(index < 0, index + size, index)``, with FakeTensor metadata."""
     if isinstance(size, torch.SymInt):
         size_node = graph.call_function(aten.sym_size.int, (source, dim))
