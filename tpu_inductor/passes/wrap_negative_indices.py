@@ -13,7 +13,7 @@ After:  ``%w = aten.where(aten.lt(%i, 0), aten.add(%i, x.size(0)), %i)``;
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Union
 
 import torch
 import torch.fx
@@ -47,7 +47,12 @@ def wrap_negative_indices(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def wrapped_index(
-    graph: torch.fx.Graph, source: torch.fx.Node, dim: int, size: Any, index: torch.fx.Node, value: torch.Tensor
+    graph: torch.fx.Graph,
+    source: torch.fx.Node,
+    dim: int,
+    size: Union[int, torch.SymInt],
+    index: torch.fx.Node,
+    value: torch.Tensor,
 ) -> torch.fx.Node:
     """``where(index < 0, index + size, index)``, with FakeTensor metadata."""
     if isinstance(size, torch.SymInt):

@@ -175,9 +175,7 @@ class HostViews:
         return buffers
 
     def _view(self, position: int, tensor: torch.Tensor, staging: bool) -> Any:
-        if tensor.is_neg() or tensor.is_conj():
-            # DLPack carries neither bit: XLA would read the values as stored,
-            # not as the tensor means them (``torch._neg_view(x)`` read as ``x``).
+        if _has_lazy_bits(tensor):
             return self._import(tensor.resolve_neg().resolve_conj().contiguous())
         if not tensor.is_contiguous():
             # The executable reads dense row-major buffers; DLPack would carry
@@ -245,13 +243,20 @@ class _Staged:
             tensor.dtype is self._dtype
             and tensor.shape == self._shape
             and tensor.is_contiguous()
-            and not (tensor.is_neg() or tensor.is_conj())
+            and not _has_lazy_bits(tensor)
         )
 
     def holding(self, tensor: torch.Tensor) -> Any:
         """The view, with ``tensor``'s values copied in."""
         ctypes.memmove(self._address, tensor.data_ptr(), self._nbytes)
         return self._view
+
+
+def _has_lazy_bits(tensor: torch.Tensor) -> bool:
+    """``tensor`` is a negative or conjugate view, whose values are its stored
+    ones negated or conjugated. DLPack carries neither bit (XLA would read
+    ``torch._neg_view(x)`` as ``x``) and numpy refuses them: resolve first."""
+    return tensor.is_neg() or tensor.is_conj()
 
 
 def result_handler(shape: tuple[int, ...], dtype: torch.dtype, platform: Platform) -> Any:
@@ -296,7 +301,7 @@ def version_of(tensor: torch.Tensor) -> Optional[int]:
 def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[ResidentBuffers] = None) -> Any:
     """A PJRT buffer holding ``tensor``'s values on a client that does not share
     host memory with torch (the CPU client's arguments go through :class:`HostViews`)."""
-    if tensor.is_neg() or tensor.is_conj():  # neither DLPack nor numpy carries the bit
+    if _has_lazy_bits(tensor):
         tensor = tensor.resolve_neg().resolve_conj()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
