@@ -25,7 +25,7 @@ from tpu_inductor import report, torch_api
 from tpu_inductor.analysis.frozen_parameters import parameter_only_nodes
 from tpu_inductor.collective_islands import compile_collective_island, holds_collectives
 from tpu_inductor.config import Config
-from tpu_inductor.dynamic import has_symbolic_inputs
+from tpu_inductor.dynamic import has_symbolic_inputs, scalar_symbols
 from tpu_inductor.errors import OutputMismatchError
 from tpu_inductor.lowering.cache import lower_cached
 from tpu_inductor.lowering.sharding_annotations import annotate_shardings
@@ -266,12 +266,22 @@ def compile_graph(
     ``input_writes``: the outputs AOTAutograd copies back into inputs (an
     inference graph's, passes/input_writes_in_place.py)."""
     writes = input_writes if kind == "inference" else None
-    if has_symbolic_inputs(example_inputs):
-        from tpu_inductor.dynamic.graph import DynamicShapeGraph
-
-        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters, writes)
     freeze = kind == "inference" and context.config.freeze_parameters
-    return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze, input_writes=writes))
+    if not has_symbolic_inputs(example_inputs):
+        return _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze, input_writes=writes))
+    from tpu_inductor.dynamic.graph import DynamicShapeGraph
+
+    found = scalar_symbols.plan(gm)
+    if found is None:
+        return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters, writes)
+    numbers, number_inputs, positions, tensor_inputs = scalar_symbols.split(gm, found)
+    inputs = [node.meta.get("val") for node in gm.graph.find_nodes(op="placeholder")]
+    if has_symbolic_inputs(inputs):  # symbols that size tensors remain: buckets for them
+        # as_traced takes numbers where this graph now takes 0-d tensors: its own copy runs past the budget
+        tensors = DynamicShapeGraph(gm, inputs, kind, context, None, parameters, writes)
+    else:
+        tensors = _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze, input_writes=writes))
+    return scalar_symbols.NumbersBeside(tensors, numbers, number_inputs, positions, tensor_inputs)
 
 
 def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:
