@@ -274,14 +274,14 @@ def compile_graph(
     found = scalar_symbols.plan(gm)
     if found is None:
         return DynamicShapeGraph(gm, example_inputs, kind, context, as_traced, parameters, writes)
-    numbers, number_inputs, positions, tensor_inputs = scalar_symbols.split(gm, found)
+    numbers_beside = scalar_symbols.split(gm, found)
     inputs = [node.meta.get("val") for node in gm.graph.find_nodes(op="placeholder")]
     if has_symbolic_inputs(inputs):  # symbols that size tensors remain: buckets for them
         # as_traced takes numbers where this graph now takes 0-d tensors: its own copy runs past the budget
         tensors = DynamicShapeGraph(gm, inputs, kind, context, None, parameters, writes)
     else:
         tensors = _BoxedGraph(build_compiled_graph(gm, kind, context, parameters, freeze=freeze, input_writes=writes))
-    return scalar_symbols.NumbersBeside(tensors, numbers, number_inputs, positions, tensor_inputs)
+    return numbers_beside(tensors)
 
 
 def _graph_record(gm: torch.fx.GraphModule, kind: str) -> report.GraphRecord:

@@ -25,6 +25,8 @@ argument) leaves the graph to the bucketed path.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from typing import Any, Callable, Optional
 
@@ -57,14 +59,14 @@ def _layout_symbols(value: Any) -> set:
     return set()
 
 
+@dataclasses.dataclass
 class NumberSplit:
     """How a graph splits (:func:`plan`)."""
 
-    def __init__(self, numbers: list[torch.fx.Node], read_as_tensors: list[torch.fx.Node]) -> None:
-        self.numbers = numbers
-        """Symbolic inputs that size no tensor and the arithmetic on them, in graph order."""
-        self.read_as_tensors = read_as_tensors
-        """Those inputs that tensor ops read; they become 0-d tensor inputs."""
+    numbers: list[torch.fx.Node]
+    """Symbolic inputs that size no tensor and the arithmetic on them, in graph order."""
+    read_as_tensors: list[torch.fx.Node]
+    """Those inputs that tensor ops read; they become 0-d tensor inputs."""
 
 
 def plan(gm: torch.fx.GraphModule) -> Optional[NumberSplit]:
@@ -97,8 +99,11 @@ def plan(gm: torch.fx.GraphModule) -> Optional[NumberSplit]:
     return NumberSplit(numbers, list(read_as_tensors)) if numbers else None
 
 
-def _zero_d(value: Any) -> torch.Tensor:
-    return torch.empty((), dtype=_DTYPES[type(value)])
+def _fake_zero_d(number: Any, reader: torch.Tensor) -> torch.Tensor:
+    """A fake 0-d tensor standing for the symbolic ``number``, in the fake mode
+    of ``reader`` (the fake value of a tensor op that reads it)."""
+    with reader.fake_mode:
+        return torch.empty((), dtype=_DTYPES[type(number)])
 
 
 def _same_result(node: torch.fx.Node, number: torch.fx.Node) -> bool:
@@ -107,11 +112,10 @@ def _same_result(node: torch.fx.Node, number: torch.fx.Node) -> bool:
     expected = node.meta.get("val")
     if not isinstance(expected, torch.Tensor):
         return False
-    fake_mode = getattr(expected, "fake_mode", None)
-    if fake_mode is None:
+    if getattr(expected, "fake_mode", None) is None:
         return False
-    with fake_mode:
-        zero_d = _zero_d(number.meta["val"])
+    zero_d = _fake_zero_d(number.meta["val"], expected)
+    with expected.fake_mode:
 
         def value_of(arg: Any) -> Any:
             if arg is number:
@@ -151,14 +155,11 @@ class NumbersBeside:
         return outputs
 
 
-def split(
-    gm: torch.fx.GraphModule, found: NumberSplit
-) -> tuple[Callable[..., tuple], list[int], list[int], dict[int, torch.dtype]]:
+def split(gm: torch.fx.GraphModule, found: NumberSplit) -> Callable[[Callable[[list], Any]], NumbersBeside]:
     """Cut ``found.numbers`` out of ``gm``, in place: number outputs become
     None, symbolic inputs that tensor ops read become 0-d tensor inputs, the
-    others take the value they were traced at. Returns the function computing
-    the number outputs, the positions of its inputs among the graph's, the
-    number outputs' positions, and the inputs to pass as 0-d tensors."""
+    others take the value they were traced at. Returns what wraps the
+    compiled ``gm`` into the graph's callable (:class:`NumbersBeside`)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     number_set = set(found.numbers)
     output = gm.graph.output_node()
@@ -187,7 +188,8 @@ def split(
     for node in found.read_as_tensors:
         value = node.meta["val"]
         tensor_inputs[placeholders.index(node)] = _DTYPES[type(value)]
-        node.meta["val"] = _zero_d_like(node, value)
+        reader = next(u for u in node.users if isinstance(u.meta.get("val"), torch.Tensor))
+        node.meta["val"] = _fake_zero_d(value, reader.meta["val"])
         for user in list(node.users):
             if user.op == "call_function" and user.target in _TENSOR_FORMS:
                 user.target = _TENSOR_FORMS[user.target]
@@ -197,11 +199,5 @@ def split(
         elif node not in found.read_as_tensors:
             node.meta["val"] = node.meta["val"].node.hint
     gm.recompile()
-    return numbers, number_inputs, positions, tensor_inputs
-
-
-def _zero_d_like(node: torch.fx.Node, value: Any) -> torch.Tensor:
-    """A fake 0-d tensor for the placeholder ``node``, in the fake mode of the tensors that read it."""
-    reader = next(u for u in node.users if isinstance(u.meta.get("val"), torch.Tensor))
-    with reader.meta["val"].fake_mode:
-        return _zero_d(value)
+    return functools.partial(NumbersBeside, numbers=numbers, number_inputs=number_inputs, positions=positions,
+                             tensor_inputs=tensor_inputs)
