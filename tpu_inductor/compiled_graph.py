@@ -37,6 +37,7 @@ from tpu_inductor.pipeline import GraphFacts, graph_support, lower_with_retries,
 from tpu_inductor.placement.kernel_choice import KernelChooser, choose_eager_kernels, small_islands_between_eager_kernels
 from tpu_inductor.placement.partition import Island, PartitionPlan, device_copies_out, fuse_islands, propose_islands
 from tpu_inductor.placement.placement import Decision, place, record_eager
+from tpu_inductor.placement.results_into_inputs import results_into_inputs
 from tpu_inductor.placement.shardings import (
     MeshLayout,
     batch_size,
@@ -56,7 +57,7 @@ from tpu_inductor.runtime import (
     select_platform,
 )
 from tpu_inductor.runtime.disk_cache import CacheDir
-from tpu_inductor.runtime.executable import TensorSpec, resident_buffers
+from tpu_inductor.runtime.executable import DeviceExecutable, TensorSpec, resident_buffers
 from tpu_inductor.runtime.resident_writes import keeping_device_copy
 from tpu_inductor.runtime.mesh import Mesh, Spec, mesh_over
 from tpu_inductor.runtime.sharded import ShardedExecutable, UnreadableSharding
@@ -353,6 +354,11 @@ def build_compiled_graph(
     record.inputs_written_in_place = sum(1 for node in gm.graph.nodes if node.meta.get(WRITES_INPUT))
     if record.inputs_written_in_place:
         _keep_device_copies(gm, context.platform)
+    if context.platform.keeps_device_copies:
+        for name, pairs in results_into_inputs(gm, plan.islands, input_writes).items():
+            executable = runners[name].executable
+            if isinstance(executable, DeviceExecutable):  # a mesh's sharded results are not written back
+                executable.write_results_into_arguments(pairs)
     fused = fuse_islands(gm, plan, devices, context.releases_eager_workers)
     fused.meta[_RECORD_KEY] = record  # execution counts
     if SEED_META in gm.meta:

@@ -30,6 +30,7 @@ from tpu_inductor.lowering.matmul_precision import torch_precisions, with_torch_
 from tpu_inductor.runtime.isolated_compile import XlaCompileError, compile_and_load
 from tpu_inductor.runtime.mesh import Mesh
 from tpu_inductor.runtime.platform import Platform
+from tpu_inductor.runtime.resident_writes import AOT_COPY_BACK_BUMPS
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class DeviceExecutable:
         self._resident = resident_buffers(platform)
         self._outputs_checked = False
         self.name = name
+        self._results_into_arguments: tuple[tuple[int, int], ...] = ()
         self.run: Callable[..., list[torch.Tensor]] = self._call_through_transfers
         """The call, chosen once for the platform (``__call__`` adds a frame)."""
         if platform.shares_host_memory:
@@ -110,7 +112,9 @@ class DeviceExecutable:
                 if i not in device_only:
                     resident.remember(output, (), result[0])
         if not self._outputs_checked:
-            self._check_outputs(outputs)
+            self._check_outputs(outputs)  # before a result is written into an argument
+        for result, argument in self._results_into_arguments:
+            outputs[result] = self._write_into_argument(tensors[argument], outputs[result], results[result][0])
         return outputs
 
     def _call_sharing_host_memory(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -127,6 +131,21 @@ class DeviceExecutable:
         if not self._outputs_checked:
             self._check_outputs(outputs)
         return outputs
+
+    def write_results_into_arguments(self, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Each ``(result, argument)``: the result is the argument's new value
+        (placement/results_into_inputs.py says when it may be written early).
+        Where the client keeps device copies, the call writes it into the
+        argument, keeps the result's buffer as the argument's device copy, and
+        returns the argument in the result's place."""
+        self._results_into_arguments = pairs if self._platform.keeps_device_copies else ()
+
+    def _write_into_argument(self, argument: torch.Tensor, value: torch.Tensor, buffer: Any) -> torch.Tensor:
+        version_before = transfer.version_of(argument)
+        argument.copy_(value)
+        if version_before is not None:
+            self._resident.written(argument, version_before, buffer, bumps_after=AOT_COPY_BACK_BUMPS)
+        return argument
 
     def _check_outputs(self, outputs: list[torch.Tensor]) -> None:
         """A wrong dtype or shape is a wrong number: refuse it, once per executable."""
