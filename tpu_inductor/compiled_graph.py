@@ -359,6 +359,7 @@ def build_compiled_graph(
             executable = runners[name].executable
             if isinstance(executable, DeviceExecutable):  # a mesh's sharded results are not written back
                 executable.write_results_into_arguments(pairs)
+                record.inputs_written_in_place += len(pairs)
     fused = fuse_islands(gm, plan, devices, context.releases_eager_workers)
     fused.meta[_RECORD_KEY] = record  # execution counts
     if SEED_META in gm.meta:

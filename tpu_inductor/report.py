@@ -118,8 +118,10 @@ class GraphRecord:
     executions: int = 0
     """Calls of the compiled graph."""
     inputs_written_in_place: int = 0
-    """Graph inputs (a static KV cache) written in place with the rows the device
-    computed, instead of a whole new value copied back (passes/input_writes_in_place.py)."""
+    """Graph inputs written in place instead of copied back whole after the call:
+    a static KV cache with the rows the device computed (passes/input_writes_in_place.py),
+    or, where the client keeps device copies, an input whose whole new value an
+    island computed, written by the island's call (placement/results_into_inputs.py)."""
 
 
 @dataclasses.dataclass
