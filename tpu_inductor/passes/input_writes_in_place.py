@@ -129,24 +129,38 @@ def input_writes_in_place(
     return gm
 
 
-def _functional_writes(
+def copied_back(
     gm: torch.fx.GraphModule, input_writes: Optional[InputWrites]
-) -> list[tuple[int, int, torch.fx.Node]]:
-    """``(output position, input position, write)`` of each input AOTAutograd
-    copies back whose new value is one functional write into it (both forms
-    of the rewrite start from these)."""
+) -> list[tuple[int, int, Any, torch.fx.Node]]:
+    """``(output position, input position, new value, input placeholder)`` of
+    each input AOTAutograd copies back; none where the graph's inputs are not
+    the ones AOTAutograd traced (its synthetic bases) or its outputs are not a
+    sequence."""
     if input_writes is None or not input_writes.writes:
         return []
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != input_writes.num_inputs:
         return []
     results = gm.graph.output_node().args[0]
-    found = []
-    for position, index in input_writes.writes:
-        value = results[position] if position < len(results) else None
-        if _writes_into(value, placeholders[index]):
-            found.append((position, index, value))
-    return found
+    if not isinstance(results, (tuple, list)):
+        return []
+    return [
+        (position, index, results[position] if position < len(results) else None, placeholders[index])
+        for position, index in input_writes.writes
+    ]
+
+
+def _functional_writes(
+    gm: torch.fx.GraphModule, input_writes: Optional[InputWrites]
+) -> list[tuple[int, int, torch.fx.Node]]:
+    """``(output position, input position, write)`` of each input AOTAutograd
+    copies back whose new value is one functional write into it (both forms
+    of the rewrite start from these)."""
+    return [
+        (position, index, value)
+        for position, index, value, target in copied_back(gm, input_writes)
+        if _writes_into(value, target)
+    ]
 
 
 def _set_outputs(gm: torch.fx.GraphModule, results: list) -> None:
@@ -161,6 +175,11 @@ def _writes_into(value: object, target: torch.fx.Node) -> bool:
     """``value`` is one functional write into ``target`` itself, of its shape and dtype."""
     if not isinstance(value, torch.fx.Node) or value.target not in IN_PLACE_FORMS or value.args[0] is not target:
         return False
+    return same_shape_and_dtype(value, target)
+
+
+def same_shape_and_dtype(value: torch.fx.Node, target: torch.fx.Node) -> bool:
+    """``value`` (an input's new value) has the shape and dtype of the input ``target``."""
     new, old = value.meta.get("val"), target.meta.get("val")
     return (
         isinstance(new, torch.Tensor)

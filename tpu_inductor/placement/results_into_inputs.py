@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 import torch.fx
 
-from tpu_inductor.passes.input_writes_in_place import InputWrites
+from tpu_inductor.passes.input_writes_in_place import InputWrites, copied_back, same_shape_and_dtype
 from tpu_inductor.placement.partition import Island
 
 
@@ -40,36 +40,16 @@ def results_into_inputs(
     """Per island name, ``(result index, argument index)`` of each result that
     its call writes into its argument (``gm``: the graph the islands were cut
     from, before they are fused into it)."""
-    if input_writes is None or not input_writes.writes:
-        return {}
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    if len(placeholders) != input_writes.num_inputs:  # AOTAutograd's synthetic bases: leave alone
-        return {}
     output = gm.graph.output_node()
-    results = output.args[0]
-    if not isinstance(results, (tuple, list)):
-        return {}
     found: dict[str, list[tuple[int, int]]] = {}
-    for position, index in input_writes.writes:
-        value = results[position] if position < len(results) else None
-        if not isinstance(value, torch.fx.Node) or list(results).count(value) != 1:
+    for _, _, value, target in copied_back(gm, input_writes):
+        if not isinstance(value, torch.fx.Node) or list(output.args[0]).count(value) != 1:
             continue
-        target = placeholders[index]
         for island in islands:
             if island.frozen or island.collective or value not in island.outputs or target not in island.inputs:
                 continue
             inside = set(island.nodes)
-            if _same_kind(value, target) and set(target.users) <= inside and set(value.users) <= inside | {output}:
+            read_inside = set(target.users) <= inside and set(value.users) <= inside | {output}
+            if read_inside and same_shape_and_dtype(value, target):
                 found.setdefault(island.name, []).append((island.outputs.index(value), island.inputs.index(target)))
     return {name: tuple(pairs) for name, pairs in found.items()}
-
-
-def _same_kind(value: torch.fx.Node, target: torch.fx.Node) -> bool:
-    """The new value has the input's shape and dtype."""
-    new, old = value.meta.get("val"), target.meta.get("val")
-    return (
-        isinstance(new, torch.Tensor)
-        and isinstance(old, torch.Tensor)
-        and new.dtype == old.dtype
-        and tuple(new.shape) == tuple(old.shape)
-    )

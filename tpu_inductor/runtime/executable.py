@@ -87,7 +87,8 @@ class DeviceExecutable:
         self._resident = resident_buffers(platform)
         self._outputs_checked = False
         self.name = name
-        self._results_into_arguments: tuple[tuple[int, int], ...] = ()
+        self._results_into_arguments: dict[int, int] = {}
+        """Result position -> the argument it is written into (:meth:`write_results_into_arguments`)."""
         self.run: Callable[..., list[torch.Tensor]] = self._call_through_transfers
         """The call, chosen once for the platform (``__call__`` adds a frame)."""
         if platform.shares_host_memory:
@@ -105,16 +106,17 @@ class DeviceExecutable:
         results = self._loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
         device_only = self._device_only
         outputs = [r[0] if i in device_only else transfer.to_torch(r[0], platform) for i, r in enumerate(results)]
+        if not self._outputs_checked:
+            self._check_outputs(outputs)  # before a result is written into an argument
         if platform.keeps_device_copies:
             # Each result's buffer is its device copy: an island that reads it
             # (a backward reading what its forward saved) takes it, not an upload.
+            into_arguments = self._results_into_arguments
             for i, (output, result) in enumerate(zip(outputs, results)):
-                if i not in device_only:
+                if i in into_arguments:
+                    outputs[i] = self._write_into_argument(tensors[into_arguments[i]], output, result[0])
+                elif i not in device_only:
                     resident.remember(output, (), result[0])
-        if not self._outputs_checked:
-            self._check_outputs(outputs)  # before a result is written into an argument
-        for result, argument in self._results_into_arguments:
-            outputs[result] = self._write_into_argument(tensors[argument], outputs[result], results[result][0])
         return outputs
 
     def _call_sharing_host_memory(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -134,11 +136,11 @@ class DeviceExecutable:
 
     def write_results_into_arguments(self, pairs: tuple[tuple[int, int], ...]) -> None:
         """Each ``(result, argument)``: the result is the argument's new value
-        (placement/results_into_inputs.py says when it may be written early).
-        Where the client keeps device copies, the call writes it into the
-        argument, keeps the result's buffer as the argument's device copy, and
-        returns the argument in the result's place."""
-        self._results_into_arguments = pairs if self._platform.keeps_device_copies else ()
+        (placement/results_into_inputs.py says when it may be written early;
+        compiled_graph.py asks only where the client keeps device copies). The
+        call writes it into the argument, keeps the result's buffer as the
+        argument's device copy, and returns the argument in the result's place."""
+        self._results_into_arguments = dict(pairs)
 
     def _write_into_argument(self, argument: torch.Tensor, value: torch.Tensor, buffer: Any) -> torch.Tensor:
         version_before = transfer.version_of(argument)
