@@ -7,7 +7,9 @@ operands of two shapes for a broadcasting shift, and MLIR aborts the process
 and AOTAutograd's references rewrite that shift first, so those tests build
 the ATen graph themselves. XLA aborts on a broadcast to more bytes than an
 int64 counts ("overflow in static extent product"), which eager PyTorch
-makes as a view of one element: ``x.expand(3 * 2**60)[:4]``.
+makes as a view of one element: ``x.expand(3 * 2**60)[:4]``. jaxlib 0.11's
+XLA raises an error there instead; the same graph then tests the ordinary
+failed compile.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
+from torch_versions import xla_aborts_on_extent_overflow
 from tpu_inductor.compiled_graph import CompileContext, compile_graph
 from tpu_inductor.config import Config
 from tpu_inductor.lowering.pipelines import IslandLoweringError
@@ -76,6 +79,7 @@ def test_a_crashing_op_runs_eagerly_and_the_graph_returns_eagers_result():
     assert report.current().islands()  # the add still ran on the device
 
 
+@pytest.mark.skipif(not xla_aborts_on_extent_overflow(), reason="this jaxlib's XLA raises an error there")
 def test_in_process_an_xla_abort_ends_the_program():
     """The hazard itself, in a child process: XLA compiling in the user's process aborts it."""
     code = (
@@ -96,7 +100,8 @@ def test_an_xla_abort_moves_its_ops_to_eager_and_the_rest_stays_on_the_device(ca
     assert torch.equal(out, huge_view(x))
     (graph,) = report.current().graphs
     assert graph.lowering_retries >= 1
-    assert any(r.stage == "XLA" and "helper process killed by SIGABRT" in r.error for r in report.current().repros)
+    how = "helper process killed by SIGABRT" if xla_aborts_on_extent_overflow() else "INVALID_ARGUMENT"
+    assert any(r.stage == "XLA" and how in r.error for r in report.current().repros)
     assert "aten.expand.default does not lower" in caplog.text and "overflow in static extent product" in caplog.text
     (island,) = graph.islands
     assert island.ops == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1} and island.executions == 1

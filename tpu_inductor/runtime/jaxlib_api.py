@@ -4,9 +4,9 @@ Why one module: jaxlib's Python API below ``jax.jit`` (``jaxlib._jax``, ``jax._s
 is not public and changes between releases. tpu_inductor supports jax and jaxlib
 0.10 to 0.11 (``pyproject.toml``); a name that moves is then handled here, with
 the versions named, instead of as an ``AttributeError`` in whichever module
-called it first. Compared against the sources of jaxlib 0.10.2 and of jax 0.11 (0.11.1)
-(docs/versions.md): every name below is the same in both, so nothing here
-branches on a version yet.
+called it first. Run with jaxlib 0.10.2 (CI) and 0.11.2 (the suite on Python 3.12,
+docs/versions.md); the one difference met so far is handled in
+:func:`single_device_result_handler`.
 
 MLIR's own Python bindings (``jaxlib.mlir.ir``) are imported where a module is
 edited (lowering/sharding_annotations.py), with the context from here.
@@ -66,8 +66,19 @@ def sharding_from_proto(proto: Any) -> Any:
 def single_device_result_handler(aval: Any, device: Any) -> Any:
     """A C++ handler that wraps one output buffer of ``device`` as a jax array, unchecked."""
     import jax
+    from jaxlib import xla_client
 
-    return _jax.array_result_handler(aval, jax.sharding.SingleDeviceSharding(device), committed=True, _skip_checks=True)
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    if xla_client._version >= _HANDLERS_UNCHECKED_FROM:
+        return _jax.array_result_handler(aval, sharding, committed=True)
+    return _jax.array_result_handler(aval, sharding, committed=True, _skip_checks=True)
+
+
+_HANDLERS_UNCHECKED_FROM = 489
+"""jaxlib's extension version (``xla_client._version``: 467 in 0.10.2, 495 in
+0.11.2) from which ``array_result_handler`` has no ``_skip_checks`` argument
+and checks nothing (jax's own ``_array_global_result_handler`` branches on
+the same number); before it, the argument is what turns the checks off."""
 
 
 def preload() -> None:
