@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tpu_inductor.report
+from tpu_inductor.placement.culprits import BUILT_AFTER_COMPILE_FAILED
 from tpu_inductor.placement.kernel_choice import KernelChooser
 from tpu_inductor.process_state import STATE
 
@@ -26,6 +27,10 @@ def fresh_compile_state(request, monkeypatch, tmp_path_factory):
     if request.node.get_closest_marker("backend_failure_expected") is None:
         failed = [f.reason for f in tpu_inductor.report.current().fallbacks() if f.op == "whole graph"]
         assert not failed, f"the backend failed on a graph and ran it eagerly: {failed}"
+        # Likewise an island that compiled but whose runner could not be built.
+        unbuilt = [f.reason for f in tpu_inductor.report.current().fallbacks()
+                   if f.reason.startswith(BUILT_AFTER_COMPILE_FAILED)]
+        assert not unbuilt, f"an island compiled but was not built, and ran eagerly: {unbuilt[0]}"
     # TPU readiness (lowering/tpu_readiness.py): no module the test compiled
     # holds what a TPU could not run, unless it is explained.
     if request.node.get_closest_marker("tpu_findings_expected") is not None:

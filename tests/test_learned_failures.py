@@ -152,6 +152,33 @@ def test_ops_that_only_fail_together_are_not_learned():
     assert all("lowers alone" in why for _, why in diagnosis.together)
 
 
+def test_a_failure_no_probe_reproduces_blames_no_op():
+    """The island lowers and compiles as a probe: what failed came after, and no op is blamed."""
+    island = _island_of(lambda x: (x.sin() * 2).cos(), torch.randn(4))
+    diagnosis = find_culprits(island, TypeError("a handler's argument"), SupportTable.signature, lambda probe: None)
+    assert diagnosis.proven == [] and diagnosis.unexplained
+    assert len(diagnosis.together) == 3
+    assert all("building it failed after that" in why and "a handler's argument" in why for _, why in diagnosis.together)
+
+
+@pytest.mark.backend_failure_expected
+def test_a_runner_that_fails_after_the_compile_runs_eagerly_and_says_so(monkeypatch, caplog):
+    """As on jaxlib 0.11 before its result handlers were made without ``_skip_checks``."""
+    from tpu_inductor.runtime import transfer
+
+    def refused(*args, **kwargs):
+        raise TypeError("incompatible function arguments")
+
+    monkeypatch.setattr(transfer, "result_handler", refused)
+    x = torch.randn(4)
+    with caplog.at_level("WARNING", logger="tpu_inductor"):
+        out = torch.compile(lambda x: x.sin() + 1, backend="tpu", options={"cache": False})(x)
+    assert torch.equal(out, x.sin() + 1)
+    reasons = [f.reason for f in report.current().fallbacks()]
+    assert len(reasons) == 2 and all("building it failed after that" in r for r in reasons)
+    assert "No op is to blame" in caplog.text and "incompatible function arguments" in caplog.text
+
+
 def test_only_the_call_that_fails_alone_is_blamed():
     """Two calls of one op with different arguments: the probe tells them apart."""
     island = _island_of(lambda x: odd_pool(x).sum() + plain_pool(x).mul(2).sum(), torch.randn(1, 2, 4, 4))

@@ -311,6 +311,12 @@ def _learn(island: Island, error: Exception, support: GraphSupport, probe: Probe
     """Find the ops that broke ``island`` and keep them off the device."""
     shared: SupportTable = support.base
     diagnosis = find_culprits(island, error, shared.signature, probe)
+    if diagnosis.unexplained:
+        log.warning(
+            "tpu_inductor: %s lowers and compiles, but building it failed after that (%s: %s); "
+            "it runs in eager PyTorch in this graph. No op is to blame: please report this.",
+            island.name, type(error).__name__, error, exc_info=error,
+        )
     for node, why in diagnosis.proven:
         log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)
         if learn_for_later:
