@@ -29,7 +29,7 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError, RanksDisagreeError, describe_node
-from tpu_inductor.placement.culprits import find_culprits, recheck_learned
+from tpu_inductor.placement.culprits import BUILT_AFTER_COMPILE_FAILED, find_culprits, recheck_learned
 from tpu_inductor.placement.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
@@ -313,9 +313,9 @@ def _learn(island: Island, error: Exception, support: GraphSupport, probe: Probe
     diagnosis = find_culprits(island, error, shared.signature, probe)
     if diagnosis.unexplained:
         log.warning(
-            "tpu_inductor: %s lowers and compiles, but building it failed after that (%s: %s); "
-            "it runs in eager PyTorch in this graph. No op is to blame: please report this.",
-            island.name, type(error).__name__, error, exc_info=error,
+            "tpu_inductor: %s: %s (%s: %s); it runs in eager PyTorch in this graph. "
+            "No op is to blame: please report this.",
+            island.name, BUILT_AFTER_COMPILE_FAILED, type(error).__name__, error, exc_info=error,
         )
     for node, why in diagnosis.proven:
         log.info("tpu_inductor: %s does not lower (%s)", describe_node(node), why)

@@ -80,6 +80,7 @@ def recheck_learned(gm: torch.fx.GraphModule, support: SupportTable, lowers: Low
     lowers off the device for good.
     """
     seen: set[str] = set()
+    nodes = set(gm.graph.nodes)
     for node in gm.graph.nodes:
         if node.op != "call_function" or not support.needs_recheck(node):
             continue
@@ -87,7 +88,7 @@ def recheck_learned(gm: torch.fx.GraphModule, support: SupportTable, lowers: Low
         if key in seen:
             continue
         seen.add(key)
-        probe = _probe_island(gm, [node] + _getitems(node, set(gm.graph.nodes)))
+        probe = _probe_island(gm, [node], nodes)
         try:
             lowers(probe)
         except Exception:  # torch-mlir, refinement and XLA raise many types
@@ -107,7 +108,7 @@ def _fail_alone(
         if key in tried:
             continue
         tried.add(key)
-        probe = _probe_island(island.owner, [node] + _getitems(node, members_of_island))
+        probe = _probe_island(island.owner, [node], members_of_island)
         try:
             lowers(probe)
         except Exception as exc:  # torch-mlir, refinement and XLA raise many types
@@ -137,16 +138,16 @@ def _smallest_failing_run(island: Island, run: list[torch.fx.Node], lowers: Lowe
 
 def _fails(island: Island, part: list[torch.fx.Node], lowers: Lowers) -> bool:
     """Whether ``part`` of ``island`` (compute nodes, in graph order) fails as an island of its own."""
-    within = set(island.nodes)
-    members = [m for n in part for m in [n] + _getitems(n, within)]
     try:
-        lowers(_probe_island(island.owner, members))
+        lowers(_probe_island(island.owner, part, set(island.nodes)))
     except Exception:  # torch-mlir, refinement and XLA raise many types
         return True
     return False
 
 
-def _probe_island(owner: torch.fx.GraphModule, members: list[torch.fx.Node]) -> Island:
+def _probe_island(owner: torch.fx.GraphModule, part: list[torch.fx.Node], within: set[torch.fx.Node]) -> Island:
+    """``part`` as an island of its own, with each multi-output op's getitems in ``within``."""
+    members = [m for n in part for m in [n] + _getitems(n, within)]
     graph, _, _ = fuse_as_graphmodule(owner, members, "probe", always_return_tuple=True)
     return Island(name="probe", nodes=members, graph=graph, owner=owner)
 
