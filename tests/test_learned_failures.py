@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,8 +163,11 @@ def test_a_failure_no_probe_reproduces_blames_no_op():
 
 
 @pytest.mark.backend_failure_expected
-def test_a_runner_that_fails_after_the_compile_runs_eagerly_and_says_so(monkeypatch, caplog):
-    """As on jaxlib 0.11 before its result handlers were made without ``_skip_checks``."""
+def test_a_runner_that_fails_after_the_compile_runs_eagerly_and_says_so(monkeypatch, caplog, tmp_path):
+    """As on jaxlib 0.11 before its result handlers were made without ``_skip_checks``:
+    the island runs in eager, the log says no op is to blame, and the reproducer
+    bundle names our runner, not XLA, with the traceback and a replay that compiles."""
+    from tpu_inductor.reporting.repro import AFTER_COMPILE
     from tpu_inductor.runtime import transfer
 
     def refused(*args, **kwargs):
@@ -171,12 +175,20 @@ def test_a_runner_that_fails_after_the_compile_runs_eagerly_and_says_so(monkeypa
 
     monkeypatch.setattr(transfer, "result_handler", refused)
     x = torch.randn(4)
+    options = {"cache": False, "report_dir": str(tmp_path)}
     with caplog.at_level("WARNING", logger="tpu_inductor"):
-        out = torch.compile(lambda x: x.sin() + 1, backend="tpu", options={"cache": False})(x)
+        out = torch.compile(lambda x: x.sin() + 1, backend="tpu", options=options)(x)
     assert torch.equal(out, x.sin() + 1)
     reasons = [f.reason for f in report.current().fallbacks()]
     assert len(reasons) == 2 and all(r.startswith(BUILT_AFTER_COMPILE_FAILED) for r in reasons)
     assert "No op is to blame" in caplog.text and "incompatible function arguments" in caplog.text
+    (repro,) = report.current().repros
+    assert repro.stage == AFTER_COMPILE and "incompatible function arguments" in repro.error
+    bundle = Path(repro.path)
+    assert "in refused" in (bundle / "diagnostics.txt").read_text()  # the traceback, to the code that raised
+    assert "No op is to blame" in (bundle / "README.txt").read_text()
+    replay = subprocess.run([sys.executable, "replay.py"], cwd=bundle, capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0 and "compiled" in replay.stdout, replay.stderr
 
 
 def test_only_the_call_that_fails_alone_is_blamed():

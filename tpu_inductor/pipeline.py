@@ -29,7 +29,7 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError, RanksDisagreeError, describe_node
-from tpu_inductor.placement.culprits import BUILT_AFTER_COMPILE_FAILED, find_culprits, recheck_learned
+from tpu_inductor.placement.culprits import BUILT_AFTER_COMPILE_FAILED, Diagnosis, find_culprits, recheck_learned
 from tpu_inductor.placement.support import GraphSupport, SupportTable
 from tpu_inductor.passes import run_passes
 from tpu_inductor.passes.attention import decompose_attention
@@ -301,14 +301,14 @@ def lower_with_retries(
             settle(plan.placement, plan.in_islands, context.config.strict, record)
             return plan, built
         record.lowering_retries += 1
-        hooks.on_island_failed(*failure, context, record)
-        _learn(*failure, support, probe, learn_for_later)
+        diagnosis = _learn(*failure, support, probe, learn_for_later)
+        hooks.on_island_failed(*failure, context, record, after_compile=diagnosis.unexplained)
         plan = propose_islands(gm, place(gm, support, chosen, frozen))
     raise LoweringError("tpu_inductor: partitioning did not converge")  # pragma: no cover
 
 
-def _learn(island: Island, error: Exception, support: GraphSupport, probe: Probe, learn_for_later: bool) -> None:
-    """Find the ops that broke ``island`` and keep them off the device."""
+def _learn(island: Island, error: Exception, support: GraphSupport, probe: Probe, learn_for_later: bool) -> Diagnosis:
+    """Find the ops that broke ``island`` and keep them off the device; what was found."""
     shared: SupportTable = support.base
     diagnosis = find_culprits(island, error, shared.signature, probe)
     if diagnosis.unexplained:
@@ -326,3 +326,4 @@ def _learn(island: Island, error: Exception, support: GraphSupport, probe: Probe
     for node, why in diagnosis.together:
         log.info("tpu_inductor: %s runs eagerly in this graph: %s", describe_node(node), why)
         support.local[node] = why
+    return diagnosis

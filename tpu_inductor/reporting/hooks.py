@@ -92,12 +92,15 @@ def _check_tpu(island: record.IslandRecord, text: str) -> None:
         log.warning("tpu_inductor: a TPU could not run island %s as compiled: %s", island.name, finding)
 
 
-def on_island_failed(island: Any, error: Exception, context: Any, graph: record.GraphRecord) -> None:
-    """torch-mlir or XLA rejected an island: leave a reproducer bundle."""
+def on_island_failed(
+    island: Any, error: Exception, context: Any, graph: record.GraphRecord, after_compile: bool = False
+) -> None:
+    """torch-mlir or XLA rejected an island, or (``after_compile``) building it
+    failed once XLA had compiled it: leave a reproducer bundle."""
     from tpu_inductor.reporting import repro
 
     try:
-        repro.write_bundle(island, error, context, graph)
+        repro.write_bundle(island, error, context, graph, after_compile)
     except Exception as exc:  # pragma: no cover - the fallback matters more
         log.debug("tpu_inductor: could not write a reproducer for %s: %r", island.name, exc, exc_info=True)
 

@@ -4,7 +4,11 @@ Why: when torch-mlir or XLA rejects an island the user's call still
 succeeds (the island is retried without the failing op), but the failure is
 a bug in one of those components or in our support table, and it should be
 something a user can hand to someone else: the ATen graph as code, the MLIR
-that failed, the diagnostics, and the command that replays it.
+that failed, the diagnostics, and the command that replays it. When the
+island lowers and compiles and building its runner failed after that
+(placement/culprits.py: no op is to blame, the island runs in eager), the
+bug is ours: the bundle says so (stage :data:`AFTER_COMPILE`), holds the
+traceback, and its replay shows that the compile itself succeeds.
 
 Where: under the report directory when one is set
 (``<report_dir>/tpu_inductor-<stamp>-<pid>/repro/<n>-g<graph>-<island>/``);
@@ -24,6 +28,7 @@ import os
 import shlex
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -80,6 +85,9 @@ with ir.Context() as context:
     print(module)
 '''
 
+AFTER_COMPILE = "tpu_inductor, after the XLA compile"
+"""The stage of a failure in building an island's runner once XLA compiled it."""
+
 _XLA_REPLAY = '''"""Replay the XLA compile that failed: python replay.py"""
 from pathlib import Path
 
@@ -107,22 +115,31 @@ def _graph_code(gm: Any) -> str:
         return str(getattr(gm, "code", gm))
 
 
-def write_bundle(island: Any, error: Exception, context: Any, graph: record.GraphRecord) -> Optional[Path]:
+def write_bundle(
+    island: Any, error: Exception, context: Any, graph: record.GraphRecord, after_compile: bool = False
+) -> Optional[Path]:
     """Write the bundle for ``island``'s failure, record it and log one line.
+    ``after_compile``: the island lowered and compiled, and building it failed after that.
 
     Never raises: the bundle is a courtesy, the fallback is what the user needs.
     """
     from tpu_inductor.lowering.pipelines import IslandLoweringError
     from tpu_inductor.reporting import trace
 
-    lowering = isinstance(error, IslandLoweringError)
-    stage = f"torch-mlir: {error.stage}" if lowering else "XLA"
+    lowering = isinstance(error, IslandLoweringError) and not after_compile
+    stage = f"torch-mlir: {error.stage}" if lowering else AFTER_COMPILE if after_compile else "XLA"
     message = (error.diagnostics[0] if lowering and error.diagnostics else str(error)).strip()
     first_line = message.splitlines()[0] if message else type(error).__name__
+    if lowering:
+        diagnostics = "\n".join(error.diagnostics)
+    elif after_compile:  # our code failed: where is what a fix needs
+        diagnostics = "".join(traceback.format_exception(error))
+    else:
+        diagnostics = str(error)
     files: dict[str, str] = {
         "aten_graph.py": _graph_code(island.graph),
         "whole_graph.py": _graph_code(island.owner),
-        "diagnostics.txt": "\n".join(error.diagnostics) if lowering else str(error),
+        "diagnostics.txt": diagnostics,
     }
     if lowering:
         pipeline = _lowering_pipeline(error.stage) or ""
@@ -142,21 +159,12 @@ def write_bundle(island: Any, error: Exception, context: Any, graph: record.Grap
         except Exception as exc:  # lowering worked a moment ago; say so if not now
             files["failed.mlir"] = f"// could not lower the island again: {exc}\n"
         files["replay.py"] = _XLA_REPLAY.format(platform=context.platform.name)
+        replayed = "the XLA compile (it succeeds: the failure came after it)" if after_compile else "the XLA compile that failed"
         files["replay.sh"] = (
-            "#!/bin/sh\n# Replays the XLA compile that failed.\n"
+            f"#!/bin/sh\n# Replays {replayed}.\n"
             f'cd "$(dirname "$0")" && {shlex.quote(sys.executable)} replay.py\n'
         )
-    files["README.txt"] = (
-        f"{stage} failed for island {island.name} of ATen graph {graph.graph_id} ({graph.kind}).\n"
-        f"{first_line}\n\n"
-        "The call did not fail: tpu_inductor retried the island without the failing op(s),\n"
-        "which ran in eager PyTorch.\n\n"
-        "aten_graph.py    the island as an ATen FX graph (the part that was lowered)\n"
-        "whole_graph.py   the ATen graph the island was cut from\n"
-        "failed.mlir      the MLIR handed to the stage that failed\n"
-        "diagnostics.txt  what the stage said\n"
-        "replay.sh        replays the failure (replay.py does the same from Python)\n"
-    )
+    files["README.txt"] = _readme(stage, first_line, island.name, graph, after_compile)
     trace.artifact("tpu_inductor_repro", lambda: "\n\n".join(f"# {k}\n{v}" for k, v in files.items()))
 
     path = None
@@ -173,9 +181,37 @@ def write_bundle(island: Any, error: Exception, context: Any, graph: record.Grap
     record.record_repro(record.ReproRecord(graph.graph_id, island.name, stage, first_line, str(path) if path else None))
     if path is not None:
         log.warning(
-            "tpu_inductor: %s failed for %s of graph %d (retried without the failing op); reproducer: %s",
-            stage, island.name, graph.graph_id, path,
+            "tpu_inductor: %s failed for %s of graph %d (%s); reproducer: %s",
+            stage, island.name, graph.graph_id, "ran it in eager" if after_compile else "retried without the failing op",
+            path,
         )
     else:
         log.info("tpu_inductor: %s failed for %s of graph %d: %s", stage, island.name, graph.graph_id, first_line)
     return path
+
+
+def _readme(stage: str, first_line: str, island: str, graph: record.GraphRecord, after_compile: bool) -> str:
+    if after_compile:
+        what_happened = (
+            "The island lowered and XLA compiled it; building its runner failed after that,\n"
+            "in tpu_inductor's code. No op is to blame: the whole island ran in eager PyTorch\n"
+            "in this graph. Please report this with this directory.\n\n"
+        )
+        mlir = "failed.mlir      the StableHLO that XLA compiled\n"
+        replay = "replay.sh        compiles failed.mlir, showing that the compile succeeds\n"
+        diagnostics = "diagnostics.txt  the traceback of the failure\n"
+    else:
+        what_happened = (
+            "The call did not fail: tpu_inductor retried the island without the failing op(s),\n"
+            "which ran in eager PyTorch.\n\n"
+        )
+        mlir = "failed.mlir      the MLIR handed to the stage that failed\n"
+        replay = "replay.sh        replays the failure (replay.py does the same from Python)\n"
+        diagnostics = "diagnostics.txt  what the stage said\n"
+    return (
+        f"{stage} failed for island {island} of ATen graph {graph.graph_id} ({graph.kind}).\n"
+        f"{first_line}\n\n{what_happened}"
+        "aten_graph.py    the island as an ATen FX graph (the part that was lowered)\n"
+        "whole_graph.py   the ATen graph the island was cut from\n"
+        f"{mlir}{diagnostics}{replay}"
+    )
