@@ -147,8 +147,8 @@ class ReproRecord:
     graph_id: int
     island: str
     stage: str
-    """``torch-mlir: <pipeline stage>``, ``XLA``, or ``tpu_inductor, after the XLA
-    compile`` (the island compiled and building its runner failed: our bug)."""
+    """``torch-mlir: <pipeline stage>``, ``XLA``, or ``tpu_inductor (after the XLA
+    compile)`` (the island compiled and building its runner failed: our bug)."""
     error: str
     """The first line of what the failing component said."""
     path: Optional[str]

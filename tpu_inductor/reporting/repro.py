@@ -85,7 +85,7 @@ with ir.Context() as context:
     print(module)
 '''
 
-AFTER_COMPILE = "tpu_inductor, after the XLA compile"
+AFTER_COMPILE = "tpu_inductor (after the XLA compile)"
 """The stage of a failure in building an island's runner once XLA compiled it."""
 
 _XLA_REPLAY = '''"""Replay the XLA compile that failed: python replay.py"""
@@ -159,7 +159,9 @@ def write_bundle(
         except Exception as exc:  # lowering worked a moment ago; say so if not now
             files["failed.mlir"] = f"// could not lower the island again: {exc}\n"
         files["replay.py"] = _XLA_REPLAY.format(platform=context.platform.name)
-        replayed = "the XLA compile (it succeeds: the failure came after it)" if after_compile else "the XLA compile that failed"
+        replayed = "the XLA compile (it succeeds: the failure came after it)" if after_compile else (
+            "the XLA compile that failed"
+        )
         files["replay.sh"] = (
             f"#!/bin/sh\n# Replays {replayed}.\n"
             f'cd "$(dirname "$0")" && {shlex.quote(sys.executable)} replay.py\n'
