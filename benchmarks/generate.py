@@ -35,7 +35,12 @@ the settings users run. The load average is recorded at start and end.
 picks jax's CUDA client); results go to ``--out`` (default: the CPU table's
 JSON for the CPU run, ``generate-cuda.json`` for a GPU run).
 
-Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-docs] [--device cuda]
+``--size medium`` builds the same architectures at ~50M parameters (hidden
+512, 8 layers, a 32,000-token vocabulary): there reading the weights, not
+the per-call costs, decides the decode time. Its results go to
+``generate-medium.json`` and the page's second table.
+
+Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-docs] [--device cuda] [--size medium]
 """
 
 from __future__ import annotations
@@ -55,8 +60,10 @@ from typing import Any, Callable, Optional
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generate.json"
 CUDA_RESULTS = ROOT / "benchmarks" / "results" / "generate-cuda.json"
+MEDIUM_RESULTS = ROOT / "benchmarks" / "results" / "generate-medium.json"
 RESULTS_PAGE = ROOT / "docs" / "generation.md"
 MARKERS = ("<!-- generate-table:start -->", "<!-- generate-table:end -->")
+MEDIUM_MARKERS = ("<!-- generate-medium-table:start -->", "<!-- generate-medium-table:end -->")
 
 ARCHITECTURES = ("llama", "gpt2", "gemma3", "qwen3", "mistral")
 MODES = ("dynamic", "static", "compile_config", "loop")
@@ -67,23 +74,36 @@ DEVICE = "cpu"
 """Where models and prompts live (``--device``); set once by :func:`main`."""
 
 
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=VOCAB, window=8),
+    "medium": dict(hidden=512, intermediate=1376, layers=8, heads=8, kv_heads=4, head_dim=64, vocab=32000, window=32),
+}
+"""Model sizes (``--size``). ``tiny`` (the table and the bars): the per-call
+costs around the layers dominate. ``medium`` (~50M parameters, a 32,000-token
+vocabulary): reading the weights dominates, as in the models users run."""
+SIZE = "tiny"
+"""Which of :data:`SIZES` (``--size``); set once by :func:`main`."""
+
+
 def build_model(arch: str):
-    """A tiny random-weight causal LM (seeded: the same weights every time)."""
+    """A random-weight causal LM of :data:`SIZE` (seeded: the same weights every time)."""
     import torch
     import transformers as tf
 
+    size = SIZES[SIZE]
     small = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=size["vocab"], hidden_size=size["hidden"], intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"], num_attention_heads=size["heads"], num_key_value_heads=size["kv_heads"],
+        max_position_embeddings=256,
     )
     configs: dict[str, Callable[[], Any]] = {
         "llama": lambda: tf.LlamaConfig(**small),
-        "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                                      bos_token_id=0, eos_token_id=0),
-        "gemma3": lambda: tf.Gemma3TextConfig(**small, head_dim=16, sliding_window=8,
-                                              layer_types=["sliding_attention", "full_attention"]),
-        "qwen3": lambda: tf.Qwen3Config(**small, head_dim=16),
-        "mistral": lambda: tf.MistralConfig(**small, sliding_window=8),
+        "gpt2": lambda: tf.GPT2Config(vocab_size=size["vocab"], n_embd=size["hidden"], n_layer=size["layers"],
+                                      n_head=size["heads"], n_positions=256, bos_token_id=0, eos_token_id=0),
+        "gemma3": lambda: tf.Gemma3TextConfig(**small, head_dim=size["head_dim"], sliding_window=size["window"],
+                                              layer_types=["sliding_attention", "full_attention"] * (size["layers"] // 2)),
+        "qwen3": lambda: tf.Qwen3Config(**small, head_dim=size["head_dim"]),
+        "mistral": lambda: tf.MistralConfig(**small, sliding_window=size["window"]),
     }
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(configs[arch]()).eval().to(DEVICE)
@@ -259,15 +279,17 @@ TIMING_REPEATS = 8
 a path's process, idle while the others ran, is warm for most of it."""
 
 
-def serve_generator(arch: str, mode: str, backend: Optional[str], device: str) -> tuple[Callable[[str], Any], dict]:
+def serve_generator(
+    arch: str, mode: str, backend: Optional[str], device: str, size: str
+) -> tuple[Callable[[str], Any], dict]:
     """In a path's own process (``paired_rounds.PathWorker``): a generator
     for ``backend`` (None: eager), warmed up at prompt 12. Its handler answers
     ``"round"`` with that round's prefill and per-token decode seconds, and
     ``"eager_frames"`` with the ``forward`` calls Dynamo ran in eager since."""
     import torch._dynamo.utils
 
-    global DEVICE
-    DEVICE = device
+    global DEVICE, SIZE
+    DEVICE, SIZE = device, size
     gave_up = dynamo_gave_up()
     generate = Generator(arch, mode, backend)
     ids, mask = prompt(12)
@@ -303,7 +325,7 @@ def timing(arch: str, mode: str, rounds: int) -> dict:
     from benchmarks.paired_rounds import path_workers, rotated
 
     backends = {"eager": None, "inductor": "inductor", "tpu": "tpu"}
-    setups = {name: (serve_generator, arch, mode, backend, DEVICE) for name, backend in backends.items()}
+    setups = {name: (serve_generator, arch, mode, backend, DEVICE, SIZE) for name, backend in backends.items()}
     with path_workers(setups) as workers:
         samples: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in workers}
         for round_index in range(rounds):
@@ -386,7 +408,8 @@ def child(arch: str, mode: str, with_timing: bool, rounds: int) -> None:
 
 def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) -> dict:
     """One fresh worker process per row, so a crash or hang counts as that row's."""
-    command = [sys.executable, __file__, "--child", f"{arch}:{mode}", "--rounds", str(rounds), "--device", DEVICE]
+    command = [sys.executable, __file__, "--child", f"{arch}:{mode}", "--rounds", str(rounds), "--device", DEVICE,
+               "--size", SIZE]
     if with_timing:
         command.append("--timing")
     try:
@@ -442,7 +465,7 @@ def _transfer_cell(moved: Optional[dict]) -> str:
 def write_docs(text: str) -> None:
     from benchmarks.sweep_common import replace_between_markers
 
-    replace_between_markers(RESULTS_PAGE, MARKERS, text)
+    replace_between_markers(RESULTS_PAGE, MEDIUM_MARKERS if SIZE == "medium" else MARKERS, text)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -456,16 +479,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--update", action="store_true",
                         help=f"keep the rows of {RESULTS.relative_to(ROOT)} that this run does not redo")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where models and prompts live")
+    parser.add_argument("--size", default="tiny", choices=sorted(SIZES),
+                        help=f"model size (default tiny, the table's; medium: results in {MEDIUM_RESULTS.name} and "
+                        "the page's second table)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {RESULTS.relative_to(ROOT)}; "
                         f"{CUDA_RESULTS.name} with --device cuda)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, SIZE
+    DEVICE, SIZE = args.device, args.size
     if args.write_docs and DEVICE != "cpu":
         parser.error(f"--write-docs writes the CPU table of {RESULTS_PAGE.name}; a GPU run's goes to the README "
                      "through benchmarks/gpu_check.py")
-    out = args.out or (CUDA_RESULTS if DEVICE.startswith("cuda") else RESULTS)
+    out = args.out or (CUDA_RESULTS if DEVICE.startswith("cuda") else MEDIUM_RESULTS if SIZE == "medium" else RESULTS)
     if args.child:
         arch, mode = args.child.split(":")
         child(arch, mode, args.timing, args.rounds)
@@ -486,7 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from benchmarks.sweep_common import environment, write_json
 
     meta = {**environment(), "seconds": time.time() - started, "load_average": [load_start, os.getloadavg()[0]],
-            "prompt_lengths": PROMPT_LENGTHS, "new_tokens": NEW_TOKENS, "device": DEVICE}
+            "prompt_lengths": PROMPT_LENGTHS, "new_tokens": NEW_TOKENS, "device": DEVICE, "size": SIZES[SIZE]}
     if args.update and out.exists():
         redone = {(r["arch"], r["mode"]) for r in rows}
         kept = [r for r in json.loads(out.read_text())["rows"] if (r["arch"], r["mode"]) not in redone]
