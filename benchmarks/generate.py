@@ -189,9 +189,9 @@ def dynamo_gave_up() -> int:
     from then on it runs every call of that code that no cached trace accepts
     in eager without counting it (``FrameAction.RUN_ONLY``); :class:`EagerFrames`
     counts each."""
-    import torch._dynamo.utils
+    from tpu_inductor.report import dynamo_recompile_limit_hits
 
-    return sum(n for why, n in torch._dynamo.utils.counters["unimplemented"].items() if "recompile limit" in why)
+    return dynamo_recompile_limit_hits()
 
 
 def compiled_graph_calls() -> int:

@@ -93,6 +93,12 @@ def test_each_call_dynamo_runs_in_eager_past_its_recompile_limit_is_counted():
         assert torch.equal(tpu(ids, mask, NEW_TOKENS), eager(ids, mask, NEW_TOKENS))
         assert frames.count == calls * NEW_TOKENS - 1
     assert dynamo_gave_up() == gave_up + 1
+    # The report says so, though none of those calls reached the backend.
+    record = report.current()
+    assert str(record).count("Dynamo hit its recompile limit (1) 1 time") == 1
+    assert record.recompile_limit_hits == 1 and record.to_dict()["summary"]["recompile_limit_hits"] == 1
+    [(function, traces)] = record.functions_at_recompile_limit()
+    assert "transformers" in function and traces == 1  # the forward, under its decorators
 
 
 def test_sliding_window_layers_at_batch_two_with_left_padding():

@@ -167,6 +167,14 @@ class Report:
     """Compile time per stage (self time: a nested stage's time is not counted
     in its parent); ``dynamo`` is filled in from Dynamo's own timers."""
     repros: list[ReproRecord] = dataclasses.field(default_factory=list)
+    recompile_limit_hits: int = 0
+    """Times Dynamo met ``torch._dynamo.config.recompile_limit`` since the
+    record started: it traces that function no more, and runs each later call
+    that none of its traces accepts in eager PyTorch without reaching the
+    backend (Dynamo counts only the first such call; see
+    :meth:`functions_at_recompile_limit`)."""
+    recompile_limit: Optional[int] = None
+    """``torch._dynamo.config.recompile_limit`` when the record was last read."""
     pid: int = dataclasses.field(default_factory=os.getpid)
     started: float = dataclasses.field(default_factory=time.time)
     """Unix time the record was started (process start or :func:`reset`)."""
@@ -197,6 +205,21 @@ class Report:
     def dynamo_recompiles(self) -> list[TraceRecord]:
         """Traces Dynamo made because a guard failed (the reason names it)."""
         return [t for t in self.traces if t.reason]
+
+    def functions_at_recompile_limit(self) -> list[tuple[str, int]]:
+        """(function, traces) for each function Dynamo traced as often as
+        :attr:`recompile_limit` allows (traces counted by Dynamo's
+        ``frame/recompile`` ids, so a graph break's pieces count once)."""
+        if not self.recompile_limit:
+            return []
+        compiles: dict[tuple[str, str], set[str]] = {}
+        for trace in self.traces:
+            if trace.compile_id and trace.frame:
+                frame_id = trace.compile_id.rsplit("/", 1)[0]  # "0/3": frame 0's third recompile
+                compiles.setdefault((frame_id, trace.frame), set()).add(trace.compile_id)
+        return [
+            (frame, len(ids)) for (_, frame), ids in compiles.items() if len(ids) >= self.recompile_limit
+        ]
 
     def fallbacks(self) -> list[FallbackRecord]:
         return [f for g in self.graphs for f in g.fallbacks]
@@ -303,10 +326,11 @@ def stage(name: str) -> Iterator[None]:
             stack[-1][1] = end
 
 
-# Dynamo keeps its own timers; the report counts what they gained since it
-# started. {timer name: entries already there}.
+# Dynamo keeps its own timers and counters; the report counts what they
+# gained since it started. {timer name: entries already there, _LIMIT_HITS: hits}.
 _DYNAMO_TOTAL = "_compile.compile_inner"
 _DYNAMO_BACKEND = "OutputGraph.call_user_compiler"
+_LIMIT_HITS = "recompile limit hits"
 _dynamo_baseline: dict[str, int] = {}
 
 
@@ -319,6 +343,7 @@ def _mark_dynamo_baseline() -> None:
     global _dynamo_baseline
     timers = _dynamo_timers()
     _dynamo_baseline = {name: len(timers.get(name, ())) for name in (_DYNAMO_TOTAL, _DYNAMO_BACKEND)}
+    _dynamo_baseline[_LIMIT_HITS] = dynamo_recompile_limit_hits()
 
 
 def dynamo_seconds() -> float:
@@ -334,14 +359,33 @@ def dynamo_seconds() -> float:
     return max(0.0, since_baseline(_DYNAMO_TOTAL) - since_baseline(_DYNAMO_BACKEND))
 
 
-def sync_dynamo_seconds() -> None:
-    """Copy Dynamo's time into the current record's ``stage_seconds``. Dynamo
+def dynamo_recompile_limit_hits() -> int:
+    """Times Dynamo met its recompile limit in this process, by its own count
+    (an ``unimplemented`` counter keyed by the message; 0 before Dynamo is
+    imported). It counts a function's first call past the limit only."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", {}).get("unimplemented", {}) if utils is not None else {}
+    return sum(count for why, count in counters.items() if "recompile limit" in why)
+
+
+def _recompile_limit() -> Optional[int]:
+    config = sys.modules.get("torch._dynamo.config")
+    return getattr(config, "recompile_limit", None) if config is not None else None
+
+
+def sync_from_dynamo() -> None:
+    """Copy what Dynamo itself counts into the current record: its compile
+    time (``stage_seconds["dynamo"]``) and its recompile-limit hits. Dynamo
     books a frame's time when the frame is done, after our backend returned,
-    so readers call this when they look (serializing a live record does)."""
+    and meets its limit without calling the backend at all, so readers call
+    this when they look (serializing a live record does)."""
     seconds = dynamo_seconds()
+    hits = max(0, dynamo_recompile_limit_hits() - _dynamo_baseline.get(_LIMIT_HITS, 0))
     with _lock:
         if seconds > 0 or "dynamo" in _current.stage_seconds:
             _current.stage_seconds["dynamo"] = seconds
+        _current.recompile_limit_hits = hits
+        _current.recompile_limit = _recompile_limit()
 
 
 def record_cache_event(event: CacheEvent) -> None:

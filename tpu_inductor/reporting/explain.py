@@ -38,7 +38,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> record.Report:
     before = collections.Counter(counters["graph_break"])
     torch.compile(fn, backend="tpu")(*args, **kwargs)
     _breaks_without_a_graph(report, collections.Counter(counters["graph_break"]) - before)
-    record.sync_dynamo_seconds()
+    record.sync_from_dynamo()
     return report
 
 

@@ -136,6 +136,7 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
             _card("Dynamo graphs", len(report.traces)),
             _card("graph breaks", len(report.graph_breaks), warn=bool(report.graph_breaks)),
             _card("recompiles", recompile_count, warn=bool(recompile_count)),
+            _card("recompile limit hits", report.recompile_limit_hits, warn=True) if report.recompile_limit_hits else "",
             _card("ATen graphs", len(report.graphs)),
             _card("device islands", len(report.islands())),
             _card("nodes in eager", len(report.fallbacks()), warn=bool(fallbacks)),
@@ -195,6 +196,15 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
                 + [
                     ["new shape bucket", f"graph #{r.graph_id} {_e(r.kind)}", _e(r.cause), _e(r.outcome)]
                     for r in report.recompiles
+                ]
+                + [
+                    [
+                        "Dynamo recompile limit",
+                        _e(frame),
+                        _e(f"{traces} traces (limit {report.recompile_limit})"),
+                        "traced no more: a call no trace accepts runs in eager PyTorch",
+                    ]
+                    for frame, traces in report.functions_at_recompile_limit()
                 ],
             ),
             "Dynamo retraces when a guard fails (the guard is the cause); a graph with dynamic "

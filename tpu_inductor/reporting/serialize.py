@@ -45,20 +45,24 @@ def summary_counts(report: record.Report, stage_seconds: dict[str, float]) -> di
         "repros": len(report.repros),
         "compile_seconds": sum(stage_seconds.values()),
         "graph_executions": sum(g.executions for g in report.graphs),
+        "recompile_limit_hits": report.recompile_limit_hits,
     }
 
 
 def _stage_seconds(report: record.Report) -> dict[str, float]:
-    if report is record.current():  # a live record: take Dynamo's timers now
-        record.sync_dynamo_seconds()
+    """``report``'s compile time per stage; a live record takes Dynamo's
+    timers and recompile-limit count now (so call this before reading it)."""
+    if report is record.current():
+        record.sync_from_dynamo()
     return dict(report.stage_seconds)
 
 
 def to_dict(report: record.Report) -> dict[str, Any]:
     from tpu_inductor import __version__
 
+    stage_seconds = _stage_seconds(report)
     data = dataclasses.asdict(report)
-    data["stage_seconds"] = _stage_seconds(report)
+    data["stage_seconds"] = stage_seconds
     data["schema_version"] = SCHEMA_VERSION
     data["tool"] = "tpu_inductor"
     data["version"] = __version__

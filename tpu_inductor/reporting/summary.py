@@ -122,6 +122,23 @@ def _collectives(graph: record.GraphRecord) -> str:
     return f", across ranks ({inserted})" if inserted else ""
 
 
+def recompile_limit_lines(report: record.Report) -> list[str]:
+    """What Dynamo's recompile limit sent to eager: calls that never reached
+    the backend, so nothing else in the report counts them."""
+    if not report.recompile_limit_hits:
+        return []
+    functions = report.functions_at_recompile_limit()
+    return [
+        f"Dynamo hit its recompile limit ({report.recompile_limit}) {_plural(report.recompile_limit_hits, 'time')}: "
+        "it traces such a function no more, and each of its calls that no trace accepts runs in eager "
+        "PyTorch, not on the device, and is not counted here (Dynamo's warning names the guard that "
+        "failed; TORCH_LOGS=recompiles lists every one):"
+    ] + [f"  {frame}: {traces} traces" for frame, traces in functions] + [
+        "  Fewer traces: torch.compile(..., dynamic=True) (no static trace first); "
+        "or raise torch._dynamo.config.recompile_limit."
+    ]
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
@@ -139,6 +156,7 @@ def summarize(report: record.Report) -> str:
         f"{sum(misses.values())} miss(es); compile {sum(seconds.values()):.2f} s"
     ]
     _section(lines, "Graph breaks:", [f"  {b.source or '?'}: {b.reason}" for b in report.graph_breaks])
+    lines += recompile_limit_lines(report)
     _section(
         lines,
         "Ran in eager PyTorch (op x count, source, reason):",
