@@ -380,7 +380,8 @@ def sync_from_dynamo() -> None:
     and meets its limit without calling the backend at all, so readers call
     this when they look (serializing a live record does)."""
     seconds = dynamo_seconds()
-    hits = max(0, dynamo_recompile_limit_hits() - _dynamo_baseline.get(_LIMIT_HITS, 0))
+    hits, before = dynamo_recompile_limit_hits(), _dynamo_baseline.get(_LIMIT_HITS, 0)
+    hits = hits - before if hits >= before else hits  # fewer: Dynamo's counters were cleared
     with _lock:
         if seconds > 0 or "dynamo" in _current.stage_seconds:
             _current.stage_seconds["dynamo"] = seconds
