@@ -122,7 +122,7 @@ def _collectives(graph: record.GraphRecord) -> str:
     return f", across ranks ({inserted})" if inserted else ""
 
 
-def recompile_limit_lines(report: record.Report) -> list[str]:
+def _recompile_limit_lines(report: record.Report) -> list[str]:
     """What Dynamo's recompile limit sent to eager: calls that never reached
     the backend, so nothing else in the report counts them."""
     if not report.recompile_limit_hits:
@@ -156,7 +156,7 @@ def summarize(report: record.Report) -> str:
         f"{sum(misses.values())} miss(es); compile {sum(seconds.values()):.2f} s"
     ]
     _section(lines, "Graph breaks:", [f"  {b.source or '?'}: {b.reason}" for b in report.graph_breaks])
-    lines += recompile_limit_lines(report)
+    lines += _recompile_limit_lines(report)
     _section(
         lines,
         "Ran in eager PyTorch (op x count, source, reason):",
