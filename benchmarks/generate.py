@@ -57,13 +57,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tpu_inductor.report import dynamo_recompile_limit_hits
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generate.json"
 CUDA_RESULTS = ROOT / "benchmarks" / "results" / "generate-cuda.json"
 MEDIUM_RESULTS = ROOT / "benchmarks" / "results" / "generate-medium.json"
 RESULTS_PAGE = ROOT / "docs" / "generation.md"
-MARKERS = ("<!-- generate-table:start -->", "<!-- generate-table:end -->")
-MEDIUM_MARKERS = ("<!-- generate-medium-table:start -->", "<!-- generate-medium-table:end -->")
+CPU_OUTPUTS = {
+    "tiny": (RESULTS, ("<!-- generate-table:start -->", "<!-- generate-table:end -->")),
+    "medium": (MEDIUM_RESULTS, ("<!-- generate-medium-table:start -->", "<!-- generate-medium-table:end -->")),
+}
+"""Size (``--size``) -> a CPU run's results JSON and the markers of its table in :data:`RESULTS_PAGE`."""
 
 ARCHITECTURES = ("llama", "gpt2", "gemma3", "qwen3", "mistral")
 MODES = ("dynamic", "static", "compile_config", "loop")
@@ -184,16 +189,6 @@ class Generator:
             return self.model.generate(ids, **kwargs)
 
 
-def dynamo_gave_up() -> int:
-    """Times Dynamo hit its recompile limit. It counts the first call only:
-    from then on it runs every call of that code that no cached trace accepts
-    in eager without counting it (``FrameAction.RUN_ONLY``); :class:`EagerFrames`
-    counts each."""
-    from tpu_inductor.report import dynamo_recompile_limit_hits
-
-    return dynamo_recompile_limit_hits()
-
-
 def compiled_graph_calls() -> int:
     """Calls that reached a graph the tpu backend compiled (a dynamic graph's
     eager calls included: those are counted by the graph)."""
@@ -206,7 +201,10 @@ def compiled_graph_calls() -> int:
 class EagerFrames:
     """Counts the calls of a :class:`Generator`'s compiled ``forward`` (backend
     "tpu") that reached none of the backend's graphs: Dynamo ran them in eager,
-    past its recompile limit. Wraps ``generator.forward`` (and ``model.forward``)."""
+    past its recompile limit. Dynamo's own count (``dynamo_recompile_limit_hits``)
+    has the first only: from then on it runs every call of that code that no
+    cached trace accepts in eager without counting it (``FrameAction.RUN_ONLY``).
+    Wraps ``generator.forward`` (and ``model.forward``)."""
 
     def __init__(self, generator: "Generator") -> None:
         self.count = 0
@@ -229,7 +227,7 @@ def _eager_steps(report, frames: Optional[EagerFrames]) -> int:
     """Calls of dynamic graphs that ran in eager, nodes placed in eager, and
     frames Dynamo ran in eager (each one where ``frames`` counts them; else
     the times it hit its limit)."""
-    gave_up = frames.count if frames is not None else dynamo_gave_up()
+    gave_up = frames.count if frames is not None else dynamo_recompile_limit_hits()
     return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks()) + gave_up
 
 
@@ -290,7 +288,7 @@ def serve_generator(
 
     global DEVICE, SIZE
     DEVICE, SIZE = device, size
-    gave_up = dynamo_gave_up()
+    gave_up = dynamo_recompile_limit_hits()
     generate = Generator(arch, mode, backend)
     ids, mask = prompt(12)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -309,7 +307,7 @@ def serve_generator(
 
     def handle(message: str) -> Any:
         if message == "eager_frames":
-            return dynamo_gave_up() - gave_up
+            return dynamo_recompile_limit_hits() - gave_up
         one = [timed(1) for _ in range(TIMING_REPEATS)]
         many = [timed(NEW_TOKENS + 1) for _ in range(TIMING_REPEATS)]
         return {"prefill": statistics.median(one), "decode": (statistics.median(many) - statistics.median(one)) / NEW_TOKENS}
@@ -465,7 +463,7 @@ def _transfer_cell(moved: Optional[dict]) -> str:
 def write_docs(text: str) -> None:
     from benchmarks.sweep_common import replace_between_markers
 
-    replace_between_markers(RESULTS_PAGE, MEDIUM_MARKERS if SIZE == "medium" else MARKERS, text)
+    replace_between_markers(RESULTS_PAGE, CPU_OUTPUTS[SIZE][1], text)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -491,7 +489,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.write_docs and DEVICE != "cpu":
         parser.error(f"--write-docs writes the CPU table of {RESULTS_PAGE.name}; a GPU run's goes to the README "
                      "through benchmarks/gpu_check.py")
-    out = args.out or (CUDA_RESULTS if DEVICE.startswith("cuda") else MEDIUM_RESULTS if SIZE == "medium" else RESULTS)
+    out = args.out or (CUDA_RESULTS if DEVICE.startswith("cuda") else CPU_OUTPUTS[SIZE][0])
     if args.child:
         arch, mode = args.child.split(":")
         child(arch, mode, args.timing, args.rounds)

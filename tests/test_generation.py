@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("transformers")
 
 import tpu_inductor.report as report
-from benchmarks.generate import EagerFrames, Generator, dynamo_gave_up, prompt
+from benchmarks.generate import EagerFrames, Generator, prompt
 
 NEW_TOKENS = 12
 
@@ -29,7 +29,7 @@ def fresh_cache_dir(tmp_path, monkeypatch):
 
 
 def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> None:
-    gave_up = dynamo_gave_up()
+    gave_up = report.dynamo_recompile_limit_hits()
     eager = Generator(arch, mode, None)
     expected = [eager(*prompt(length, batch), NEW_TOKENS) for length, batch in calls]
     tpu = Generator(arch, mode, "tpu")
@@ -42,7 +42,7 @@ def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> N
         if index:
             assert after == before, f"decode steps ran in eager at prompt {length}, batch {batch}"
     assert report.current().fallbacks() == []
-    assert dynamo_gave_up() == gave_up  # Dynamo's recompile limit would run frames in eager
+    assert report.dynamo_recompile_limit_hits() == gave_up  # Dynamo's recompile limit would run frames in eager
     assert frames.count == 0
     dynamic = report.current().dynamic_graphs
     # The cache and prompt lengths are bucketed; no size compiles exactly.
@@ -79,12 +79,12 @@ def test_a_new_prompt_length_inside_a_bucket_compiles_nothing():
 @torch._dynamo.config.patch(recompile_limit=1)
 def test_each_call_dynamo_runs_in_eager_past_its_recompile_limit_is_counted():
     """Past ``recompile_limit`` Dynamo runs every call that no cached trace
-    accepts in eager, and counts only the first (``dynamo_gave_up``); the
+    accepts in eager, and counts only the first (``dynamo_recompile_limit_hits``); the
     benchmark counts each. Gemma 3 with a static cache needs 9 traces for
     generate.py's 8 calls and ran 3 prefills in eager where it reported 1.
     Here a limit of 1 leaves the prefill traced and every decode step, and
     the second call's prefill, in eager."""
-    gave_up = dynamo_gave_up()
+    gave_up = report.dynamo_recompile_limit_hits()
     eager = Generator("llama", "static", None)
     tpu = Generator("llama", "static", "tpu")
     frames = EagerFrames(tpu)
@@ -92,7 +92,7 @@ def test_each_call_dynamo_runs_in_eager_past_its_recompile_limit_is_counted():
         ids, mask = prompt(length)
         assert torch.equal(tpu(ids, mask, NEW_TOKENS), eager(ids, mask, NEW_TOKENS))
         assert frames.count == calls * NEW_TOKENS - 1
-    assert dynamo_gave_up() == gave_up + 1
+    assert report.dynamo_recompile_limit_hits() == gave_up + 1
     # The report says so, though none of those calls reached the backend.
     record = report.current()
     assert str(record).count("Dynamo hit its recompile limit (1) 1 time") == 1
