@@ -391,11 +391,14 @@ def transfers(arch: str, mode: str) -> dict:
     }
 
 
-def child(arch: str, mode: str, with_timing: bool, rounds: int) -> None:
+def child(arch: str, mode: str, with_timing: bool, rounds: int, transfers_only: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="generate-cache-") as cache_dir:
         # A fresh cache directory (read through the environment: transformers'
         # CompileConfig passes torch.compile a mode, which excludes options).
         os.environ["TPU_INDUCTOR_CACHE_DIR"] = cache_dir
+        if transfers_only:
+            print("RESULT " + json.dumps({"arch": arch, "mode": mode, "transfers": transfers(arch, mode)}))
+            return
         result = {"arch": arch, "mode": mode, **correctness(arch, mode)}
         if DEVICE == "cpu" and mode != "compile_config":  # transformers compiles that one with its own options
             result["transfers"] = transfers(arch, mode)
@@ -404,12 +407,14 @@ def child(arch: str, mode: str, with_timing: bool, rounds: int) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int) -> dict:
+def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int, transfers_only: bool = False) -> dict:
     """One fresh worker process per row, so a crash or hang counts as that row's."""
     command = [sys.executable, __file__, "--child", f"{arch}:{mode}", "--rounds", str(rounds), "--device", DEVICE,
                "--size", SIZE]
     if with_timing:
         command.append("--timing")
+    if transfers_only:
+        command.append("--transfers-only")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -460,6 +465,41 @@ def _transfer_cell(moved: Optional[dict]) -> str:
     return f"{moved['up_per_token'] / 1e3:.1f} / {moved['down_per_token'] / 1e3:.1f} ({moved['cache_bytes'] / 1e3:.1f})"
 
 
+def _redo_transfers(args: argparse.Namespace, out: Path) -> int:
+    """``--transfers-only``: each named row's transfers measured again in a
+    worker of its own, the rest of the row kept; the run is noted in the meta."""
+    from benchmarks.sweep_common import environment, write_json
+
+    results = json.loads(out.read_text())
+    rows = {(r["arch"], r["mode"]): r for r in results["rows"]}
+    wanted = [tuple(item.split(":")) for item in args.only.split(",")]
+    missing = [f"{arch}:{mode}" for arch, mode in wanted if (arch, mode) not in rows]
+    if missing:
+        print(f"{out.name} has no row {', '.join(missing)}: run those rows in full first")
+        return 1
+    redone = []
+    for arch, mode in wanted:
+        item = f"{arch}:{mode}"
+        measured = run_row(arch, mode, False, args.rounds, args.timeout, transfers_only=True)
+        if "error" in measured:
+            print(f"{item}: {measured['error']}")
+            return 1
+        rows[(arch, mode)]["transfers"] = measured["transfers"]
+        redone.append(item)
+        print(f"{item}: {_transfer_cell(measured['transfers'])}", flush=True)
+    environment_now = environment()
+    results["meta"]["transfers_rerun"] = {
+        "date": environment_now["date"],
+        "commit": environment_now["tpu_inductor_commit"],
+        "dirty": environment_now["tpu_inductor_dirty"],
+        "rows": redone,
+    }
+    write_json(out, results)
+    if args.write_docs:
+        write_docs(table(results["rows"]))
+    return 0
+
+
 def write_docs(text: str) -> None:
     from benchmarks.sweep_common import replace_between_markers
 
@@ -482,6 +522,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "the page's second table)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {RESULTS.relative_to(ROOT)}; "
                         f"{CUDA_RESULTS.name} with --device cuda)")
+    parser.add_argument("--transfers-only", action="store_true",
+                        help="measure only the KB column (counted bytes, no timing) of the rows named, keeping the "
+                        "rest of each row in the results file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global DEVICE, SIZE
@@ -492,8 +535,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = args.out or (CUDA_RESULTS if DEVICE.startswith("cuda") else CPU_OUTPUTS[SIZE][0])
     if args.child:
         arch, mode = args.child.split(":")
-        child(arch, mode, args.timing, args.rounds)
+        child(arch, mode, args.timing, args.rounds, args.transfers_only)
         return 0
+    if args.transfers_only:
+        return _redo_transfers(args, out)
     rows_wanted = (
         [tuple(item.split(":")) for item in args.only.split(",")]
         if args.only

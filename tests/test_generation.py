@@ -171,3 +171,50 @@ def test_a_static_cache_crosses_to_the_device_once_per_generate(monkeypatch):
     # placement/results_into_inputs.py).
     decode = [g for g in report.current().graphs if g.inputs_written_in_place]
     assert decode and all(g.inputs_written_in_place == 3 * layers for g in decode)
+
+
+def test_a_dynamic_cache_crosses_to_the_device_once_per_bucket(monkeypatch):
+    """On a client that keeps device copies (``zero_copy=False``, a TPU's path),
+    transformers' default ``DynamicCache`` grows by ``cat`` at every decode step.
+    Only each layer's new key and value rows come down; the host builds the grown
+    cache, and the device keeps its padded new value for the next step
+    (passes/grown_caches.py, dynamic/device_caches.py). The whole cache goes up
+    once per bucket it enters, not once per token (before: every token uploaded
+    and downloaded all of it)."""
+    from tpu_inductor.runtime import transfer
+
+    monkeypatch.setenv("TPU_INDUCTOR_ZERO_COPY", "0")
+    moved: list[tuple[str, tuple[int, ...]]] = []
+    upload, to_torch = transfer.upload, transfer.to_torch
+
+    def counting_download(buffer, platform):
+        result = to_torch(buffer, platform)
+        moved.append(("down", tuple(result.shape)))
+        return result
+
+    monkeypatch.setattr(transfer, "upload", lambda t, device: (moved.append(("up", tuple(t.shape))), upload(t, device))[1])
+    monkeypatch.setattr(transfer, "to_torch", counting_download)
+    eager, tpu = Generator("llama", "dynamic", None), Generator("llama", "dynamic", "tpu")
+    config = tpu.model.config
+
+    def whole_caches(direction: str) -> list[int]:
+        """Lengths of the key/value tensors longer than one position that crossed."""
+        return [
+            shape[2]
+            for way, shape in moved
+            if way == direction and len(shape) == 4 and shape[1::2] == (config.num_key_value_heads, config.head_dim)
+            and shape[2] > 1
+        ]
+
+    ids, mask = prompt(12)
+    tpu(ids, mask, NEW_TOKENS)  # compiles: the prefill and a first decode step traced static, then padded
+    moved.clear()
+    assert torch.equal(tpu(ids, mask, NEW_TOKENS), eager(ids, mask, NEW_TOKENS))
+    caches = 2 * config.num_hidden_layers
+    # Down: the prefill's cache (its graph is static), then new rows only.
+    assert whole_caches("down") == [12] * caches
+    # Up: decode steps at cache lengths 12..22 take buckets 16 and 32, each entered once.
+    assert whole_caches("up") == [16] * caches + [32] * caches
+    decode = [g for g in report.current().graphs if g.caches_kept_on_device]
+    assert decode and all(g.caches_kept_on_device == caches for g in decode)
+    assert f"{caches} grown caches kept on the device" in str(report.current())

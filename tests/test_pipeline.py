@@ -35,12 +35,15 @@ def test_a_skipped_stage_says_why_and_the_order_is_the_pipelines(facts):
 
 def test_static_and_symbolic_graphs_differ_only_by_the_stated_exclusions():
     every = {stage.name for stage in STAGES}
-    assert every - set(stages_for(STATIC)) == {"padding_safety", "padded_positions", "hoist_sizes"}
+    device_copies = {"find_grown_caches", "keep_grown_caches"}  # only where the client keeps device copies
+    assert every - set(stages_for(STATIC)) == {"padding_safety", "padded_positions", "hoist_sizes"} | device_copies
     assert every - set(stages_for(SYMBOLIC)) == {
         "small_convolutions_as_matmuls",
         "depthwise_convolutions_as_taps",
         "pointwise_convolutions_as_matmuls",
-    }
+    } | device_copies
+    symbolic_with_copies = dataclasses.replace(SYMBOLIC, keeps_device_copies=True)
+    assert set(stages_for(symbolic_with_copies)) == set(stages_for(SYMBOLIC)) | device_copies
 
 
 def test_both_paths_run_the_pipeline_they_declare(monkeypatch):

@@ -42,6 +42,7 @@ from tpu_inductor.passes.input_writes_in_place import (
     defer_input_writes,
     input_writes_in_place,
 )
+from tpu_inductor.passes.grown_caches import GrownCaches, find_grown_caches, keep_grown_caches
 from tpu_inductor.passes.padded_positions import padded_positions
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis, padding_safety
 from tpu_inductor.placement.partition import Island, PartitionPlan, propose_islands
@@ -72,6 +73,8 @@ class GraphFacts:
     """The client keeps device copies of torch's inputs (a TPU, ``zero_copy=False``; one device)."""
     deferred_writes: Optional[DeferredWrites] = None
     """Input writes a padded graph leaves to its caller (set by ``input_writes_in_place``)."""
+    grown_caches: Optional[GrownCaches] = None
+    """Inputs a padded graph returns grown by ``cat``, which its caller rebuilds (set by ``find_grown_caches``)."""
 
     @classmethod
     def of(cls, context: Any, *, symbolic: bool, input_writes: Optional[InputWrites] = None) -> "GraphFacts":
@@ -131,6 +134,23 @@ def _padded_positions(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.G
     return padded_positions(gm, facts.padded, _lengths(gm, facts))
 
 
+def _find_grown_caches(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    gm, facts.grown_caches = find_grown_caches(gm, facts.padded)
+    return gm
+
+
+def _unless_padded_with_device_copies(facts: GraphFacts) -> Optional[str]:
+    if not facts.symbolic:
+        return "static shapes: nothing is padded"
+    if not facts.keeps_device_copies:
+        return "the client shares memory with torch: a grown cache costs no transfer"
+    return None
+
+
+def _keep_grown_caches(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
+    return keep_grown_caches(gm, facts.grown_caches) if facts.grown_caches is not None else gm
+
+
 def _attention(gm: torch.fx.GraphModule, facts: GraphFacts) -> torch.fx.GraphModule:
     return decompose_attention(gm, facts.padded, _lengths(gm, facts))
 
@@ -186,7 +206,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("rewrites", _rewrites),
     # Before attention, which it needs whole to see is_causal.
     Stage("padding_safety", _padding_safety, _only_symbolic("static shapes: nothing is padded")),
-    # Right after the analysis, which accepts these ops because of this rewrite.
+    # Before padded_positions, which realigns the cat it looks for.
+    Stage("find_grown_caches", _find_grown_caches, _unless_padded_with_device_copies),
+    # After the analysis, which accepts these ops because of this rewrite.
     Stage("padded_positions", _padded_positions, _only_symbolic("static shapes: nothing is padded")),
     Stage("attention", _attention),
     # After the padding analysis (which keeps dims a random op draws over
@@ -212,6 +234,8 @@ STAGES: tuple[Stage, ...] = (
         _pointwise_convolutions,
         _static_cpu("only XLA:CPU transposes around each convolution of a channels-first graph"),
     ),
+    # Last: the cut it adds reads the cache's length input as it is, in no later rewrite.
+    Stage("keep_grown_caches", _keep_grown_caches, _unless_padded_with_device_copies),
 )
 
 

@@ -122,6 +122,10 @@ class GraphRecord:
     a static KV cache with the rows the device computed (passes/input_writes_in_place.py),
     or, where the client keeps device copies, an input whose whole new value an
     island computed, written by the island's call (placement/results_into_inputs.py)."""
+    caches_kept_on_device: int = 0
+    """Inputs the graph returns grown by ``cat`` (a dynamic KV cache) whose new
+    padded value stays on the device for the next call, where the client keeps
+    device copies: only the new rows come down (passes/grown_caches.py)."""
 
 
 @dataclasses.dataclass

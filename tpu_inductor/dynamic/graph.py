@@ -35,6 +35,7 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.dynamic import shape_env_of, symbol_source
 from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
+from tpu_inductor.dynamic.device_caches import DeviceCaches
 from tpu_inductor.dynamic.island import CallState, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
 from tpu_inductor.dynamic.kept_padding import KeptPadding
@@ -46,7 +47,7 @@ from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.input_writes_in_place import DeferredWrites, InputWrites
 from tpu_inductor.analysis.padding_safety import PaddingAnalysis
 from tpu_inductor.passes.rewrite import runnable_copy
-from tpu_inductor.placement.partition import Island, device_copies_out, fuse_islands
+from tpu_inductor.placement.partition import ISLAND_PREFIX, Island, device_copies_out, fuse_islands
 from tpu_inductor.placement.shardings import tensor_inputs
 from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.runtime.executable import resident_buffers
@@ -102,6 +103,11 @@ class DynamicShapeGraph:
                 if isinstance(n.meta.get("val"), torch.Tensor)
             ],
         )
+        self._device_caches = (
+            DeviceCaches(facts.grown_caches, resident_buffers(context.platform))
+            if facts.grown_caches is not None
+            else None
+        )
         self._kept_padding = None
         if self._deferred_writes is not None:
             self.record.inputs_written_in_place = len(self._deferred_writes.writes)
@@ -132,6 +138,9 @@ class DynamicShapeGraph:
         hints = self._hints()
         first = self._bucket(hints)
         self.module, self.islands = self._lower(gm, self._key(first), first)
+        if self._device_caches is not None:
+            self._device_caches.only_for(self._read_on_device_only())
+            self.record.caches_kept_on_device = len(self._device_caches.inputs)
         self._note_compiled(hints, first, cause="traced at these sizes")
 
     # -- calls ---------------------------------------------------------------
@@ -146,12 +155,14 @@ class DynamicShapeGraph:
             self.dynamic_record.eager_calls += 1
             return self._eager(*call_args)
         self.dynamic_record.device_calls += 1
-        padded = self.binding.pad(call_args, bucket, self._kept_padding)
+        padded = self.binding.pad(call_args, bucket, self._kept_padding, self._device_caches)
         padded += [_length_tensor(value) for value in self._real_lengths(sizes)]
         if self._seed_device is not None:  # after the valid_<size> inputs, as device_random appends it
             padded.append(draw_seed(self._seed_device))
         self._state.key = key
         outputs = self.binding.unpad(self.module.forward(*padded), sizes, call_args)  # no nn.Module hooks
+        if self._device_caches is not None:
+            outputs = self._device_caches.finish(outputs, call_args)
         if self._deferred_writes is not None:
             return self._deferred_writes.finish(outputs, call_args, self._kept_padding)
         return outputs
@@ -195,6 +206,15 @@ class DynamicShapeGraph:
             record_eager(self.record, f"{self.kind} graph at new sizes", Decision("budget exceeded", message))
             log.warning("%s", message)
             warnings.warn(message, RecompileBudgetWarning, stacklevel=2)
+
+    def _read_on_device_only(self) -> list[int]:
+        """Argument positions that only device islands read (a device buffer may stand in for them)."""
+        placeholders = self.module.graph.find_nodes(op="placeholder")
+        return [
+            index
+            for index, node in enumerate(placeholders)
+            if node.users and all(user.name.startswith(ISLAND_PREFIX) for user in node.users)
+        ]
 
     # -- buckets ---------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import DeviceExecutable
 from tpu_inductor.runtime.executable import TensorSpec
+from tpu_inductor.runtime.transfer import to_torch
 
 log = logging.getLogger(__name__)
 
@@ -137,16 +138,25 @@ class SymbolicIsland:
     def run(self, *args: Any) -> tuple[torch.Tensor, ...]:
         key = self._state.key
         if key in self._eager_keys:
-            return tuple(self.graph(*args))
+            return tuple(self.graph(*self._on_host(args)))
         try:
-            return tuple(self._executables[key](*[a for a in args if isinstance(a, torch.Tensor)]))
+            # Tensors, and device buffers handed on in a tensor's place (dynamic/device_caches.py).
+            return tuple(self._executables[key](*[a for a in args if not isinstance(a, _NUMBERS)]))
         except OutputMismatchError as exc:  # checked on a bucket's first call only
             # The island's ATen graph on the padded inputs is right by construction.
             log.warning("tpu_inductor: %s; this bucket runs the island eagerly", exc)
             if self._record is not None:
                 record_eager(self._record, self.island_name, Decision("result mismatch", str(exc)))
             self._eager_keys.add(key)
-            return tuple(self.graph(*args))
+            return tuple(self.graph(*self._on_host(args)))
+
+    def _on_host(self, args: Sequence[Any]) -> list[Any]:
+        """``args`` with each device buffer handed on in a tensor's place fetched, for the ATen graph."""
+        return [a if isinstance(a, (torch.Tensor, *_NUMBERS)) else to_torch(a, self._context.platform) for a in args]
+
+
+_NUMBERS = (int, float, bool)
+"""A padded call's scalar arguments (sizes at their bucket values); the executables take none."""
 
 
 def _number(value: sympy.Expr) -> Any:

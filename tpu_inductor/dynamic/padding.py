@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
+from tpu_inductor.dynamic.device_caches import DeviceCaches
 from tpu_inductor.dynamic.kept_padding import KeptPadding
 from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import LoweringError
@@ -127,22 +128,32 @@ class ShapeBinding:
             raise LoweringError(f"cannot read the sizes {missing} off the graph's arguments")
 
     def pad(
-        self, args: Sequence[Any], bucket: Mapping[sympy.Symbol, int], kept: Optional[KeptPadding] = None
+        self,
+        args: Sequence[Any],
+        bucket: Mapping[sympy.Symbol, int],
+        kept: Optional[KeptPadding] = None,
+        device_caches: Optional[DeviceCaches] = None,
     ) -> list[Any]:
         """``args`` with padded dims zero-extended and SymInt arguments at bucket
         values; ``kept``: padded copies of inputs written in place, reused while
-        unchanged (dynamic/kept_padding.py)."""
+        unchanged (dynamic/kept_padding.py); ``device_caches``: padded device
+        copies of grown caches, handed on in their place (dynamic/device_caches.py)."""
         padded = list(args)
         values = iter(self._bucket_sizes(bucket))
         for index, dims in self._padded_dims:
             tensor = padded[index]
             extra = {dim: next(values) - int(tensor.shape[dim]) for dim in dims}
+            # Before the check below: a cache that fills its bucket exactly has a kept copy too.
+            if device_caches is not None and index in device_caches.inputs:
+                on_device = device_caches.padded_copy(tensor, _padded_shape(tensor, extra))
+                if on_device is not None:
+                    padded[index] = on_device
+                    continue
             if not any(extra.values()):
                 continue
             keeping = kept is not None and index in kept.positions
             if keeping:
-                shape = [size + extra.get(dim, 0) for dim, size in enumerate(tensor.shape)]
-                reused = kept.reuse(index, tensor, shape)
+                reused = kept.reuse(index, tensor, _padded_shape(tensor, extra))
                 if reused is not None:
                     padded[index] = reused
                     continue
@@ -183,3 +194,8 @@ class ShapeBinding:
             result[index] = value.contiguous()
             result_shards.note_cut(padded, result[index])
         return result
+
+
+def _padded_shape(tensor: torch.Tensor, extra: Mapping[int, int]) -> list[int]:
+    """``tensor``'s shape with ``extra`` positions added per dim."""
+    return [size + extra.get(dim, 0) for dim, size in enumerate(tensor.shape)]

@@ -125,7 +125,7 @@ def input_writes_in_place(
         results[position] = write
         changed = True
     if changed:
-        _set_outputs(gm, results)
+        set_outputs(gm, results)
     return gm
 
 
@@ -163,7 +163,7 @@ def _functional_writes(
     ]
 
 
-def _set_outputs(gm: torch.fx.GraphModule, results: list) -> None:
+def set_outputs(gm: torch.fx.GraphModule, results: list) -> None:
     """Make ``results`` the graph's outputs and drop what no longer feeds them."""
     output = gm.graph.output_node()
     output.args = (type(output.args[0])(results),)
@@ -278,7 +278,7 @@ def defer_input_writes(
         results[position] = value.args[0]
     if not writes:
         return gm, None
-    _set_outputs(gm, results)
+    set_outputs(gm, results)
     return gm, DeferredWrites(num_outputs, tuple(writes))
 
 

@@ -187,6 +187,7 @@ def summarize(report: record.Report) -> str:
             + (f" + {len(g.eager_kernels)} on PyTorch kernels by choice" if g.eager_kernels else "")
             + _kept(g)
             + (f", {_plural(g.inputs_written_in_place, 'input')} written in place" if g.inputs_written_in_place else "")
+            + (f", {_plural(g.caches_kept_on_device, 'grown cache')} kept on the device" if g.caches_kept_on_device else "")
             + _collectives(g)
             + f", run {g.executions}x"
             for g in report.graphs

@@ -66,18 +66,25 @@ class ResidentBuffers:
     def kept(self, tensor: torch.Tensor, layout: Hashable, make: Callable[[], Any]) -> Any:
         """The device value ``make()`` uploads for ``tensor`` laid out as
         ``layout`` (``()``: on one device), made again only after it changed."""
-        version = version_of(tensor)
-        if version is None:  # inference tensors have no version counter
-            return make()
-        entry = self._entries.get((id(tensor), layout))
-        if entry is not None:
-            ref, seen_version, seen_ptr, value = entry
-            if ref() is tensor and seen_version == version and seen_ptr == tensor.data_ptr():
-                return value
+        value = self.current(tensor, layout)
+        if value is not None:
+            return value
         value = make()
-        self.uploads[id(tensor)] += 1
-        self.remember(tensor, layout, value)
+        if version_of(tensor) is not None:  # inference tensors have no version counter: never kept
+            self.uploads[id(tensor)] += 1
+            self.remember(tensor, layout, value)
         return value
+
+    def current(self, tensor: torch.Tensor, layout: Hashable) -> Optional[Any]:
+        """The device value kept for ``tensor`` laid out as ``layout``, if ``tensor`` is unchanged since."""
+        version = version_of(tensor)
+        entry = self._entries.get((id(tensor), layout))
+        if version is None or entry is None:
+            return None
+        ref, seen_version, seen_ptr, value = entry
+        if ref() is tensor and seen_version == version and seen_ptr == tensor.data_ptr():
+            return value
+        return None
 
     def remember(self, tensor: torch.Tensor, layout: Hashable, value: Any) -> None:
         """``value`` holds ``tensor``'s current values on the devices (an upload,
@@ -300,7 +307,11 @@ def version_of(tensor: torch.Tensor) -> Optional[int]:
 
 def to_device(tensor: torch.Tensor, platform: Platform, resident: Optional[ResidentBuffers] = None) -> Any:
     """A PJRT buffer holding ``tensor``'s values on a client that does not share
-    host memory with torch (the CPU client's arguments go through :class:`HostViews`)."""
+    host memory with torch (the CPU client's arguments go through :class:`HostViews`).
+    A device value handed on in a tensor's place (a kept padded cache:
+    dynamic/device_caches.py) is already there."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
     if _has_lazy_bits(tensor):
         tensor = tensor.resolve_neg().resolve_conj()
     if not tensor.is_contiguous():
