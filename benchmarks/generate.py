@@ -465,14 +465,13 @@ def _transfer_cell(moved: Optional[dict]) -> str:
     return f"{moved['up_per_token'] / 1e3:.1f} / {moved['down_per_token'] / 1e3:.1f} ({moved['cache_bytes'] / 1e3:.1f})"
 
 
-def _redo_transfers(args: argparse.Namespace, out: Path) -> int:
+def _redo_transfers(args: argparse.Namespace, wanted: list[tuple[str, str]], out: Path) -> int:
     """``--transfers-only``: each named row's transfers measured again in a
     worker of its own, the rest of the row kept; the run is noted in the meta."""
     from benchmarks.sweep_common import environment, write_json
 
     results = json.loads(out.read_text())
     rows = {(r["arch"], r["mode"]): r for r in results["rows"]}
-    wanted = [tuple(item.split(":")) for item in args.only.split(",")]
     missing = [f"{arch}:{mode}" for arch, mode in wanted if (arch, mode) not in rows]
     if missing:
         print(f"{out.name} has no row {', '.join(missing)}: run those rows in full first")
@@ -537,13 +536,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         arch, mode = args.child.split(":")
         child(arch, mode, args.timing, args.rounds, args.transfers_only)
         return 0
-    if args.transfers_only:
-        return _redo_transfers(args, out)
     rows_wanted = (
         [tuple(item.split(":")) for item in args.only.split(",")]
         if args.only
         else [(arch, mode) for arch in ARCHITECTURES for mode in MODES]
     )
+    if args.transfers_only:
+        return _redo_transfers(args, rows_wanted, out)
     timed = set(args.timing_modes.split(",")) if args.timing else set()
     load_start = os.getloadavg()[0]
     started = time.time()

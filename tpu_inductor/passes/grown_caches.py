@@ -42,7 +42,7 @@ import torch.fx
 from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.passes.input_writes_in_place import DEVICE_ONLY_RESULT, set_outputs
 from tpu_inductor.passes.padded_positions import concatenation_parts
-from tpu_inductor.torch_api import detect_fake_mode
+from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
 
@@ -140,9 +140,7 @@ def keep_grown_caches(gm: torch.fx.GraphModule, grown: GrownCaches) -> torch.fx.
         value = results[cache.position]
         length = placeholders[cache.length_input]
         with graph.inserting_before(output):
-            cut = graph.call_function(aten.slice.Tensor, (value, cache.dim, 0, length))
-        with detect_fake_mode([value.meta["val"]]):
-            cut.meta["val"] = aten.slice.Tensor(value.meta["val"], cache.dim, 0, length.meta["val"])
+            cut = GraphBuilder(graph, value).call(aten.slice.Tensor, value, cache.dim, 0, length)
         cut.meta[DEVICE_ONLY_RESULT] = True
         results[cache.position] = cut
     set_outputs(gm, results)
