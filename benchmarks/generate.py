@@ -487,12 +487,14 @@ def _redo_transfers(args: argparse.Namespace, wanted: list[tuple[str, str]], out
         redone.append(item)
         print(f"{item}: {_transfer_cell(measured['transfers'])}", flush=True)
     environment_now = environment()
-    results["meta"]["transfers_rerun"] = {
+    # Each rerun is recorded beside the earlier ones: a row's KB cell is from
+    # the last rerun that names it.
+    results["meta"].setdefault("transfers_reruns", []).append({
         "date": environment_now["date"],
         "commit": environment_now["tpu_inductor_commit"],
         "dirty": environment_now["tpu_inductor_dirty"],
         "rows": redone,
-    }
+    })
     write_json(out, results)
     if args.write_docs:
         write_docs(table(results["rows"]))

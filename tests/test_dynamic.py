@@ -547,3 +547,31 @@ def test_a_size_specialised_mid_trace_lowers_with_one_type_per_dim():
         assert "?" not in refine_to_static(lowered.text, [(batch, 7, 16), (batch, 3, 7, 16)], {})
     # Only the import saw the ints: the graph's metadata is as traced.
     assert isinstance(gm.graph.find_nodes(op="placeholder")[0].meta["val"].shape[1], torch.SymInt)
+
+
+def test_a_graph_whose_every_size_was_specialised_mid_trace_lowers_on_the_static_path():
+    """Mistral's full-window decode step (#20): the cache length is a symbol
+    until a guard pins it to 30, after the cache's ``cat`` was traced. The
+    graph is then static, but the ``cat`` still holds ``SymInt(31)`` and its
+    ``clone`` the int 31; torch-mlir typed them ``?`` and ``31`` and failed to
+    legalize the clone, sending it to eager."""
+    from tpu_inductor.runtime import DeviceExecutable, compile_stablehlo, get_platform
+    from tpu_inductor.lowering.stablehlo import lower_to_stablehlo
+
+    def grow(cache, new):
+        for dim, size in ((0, 1), (1, 4), (3, 8)):  # only the length is a symbol at the cat
+            torch._check(cache.shape[dim] == size and new.shape[dim] == size)
+        full = torch.cat([cache, new], 2)
+        torch._check(cache.shape[2] == 30)
+        return (full.clone(memory_format=torch.contiguous_format) * 2,)
+
+    cache, new = torch.randn(1, 4, 30, 8), torch.randn(1, 4, 1, 8)
+    gm = make_fx(grow, tracing_mode="symbolic")(cache, new)
+    cat = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.cat.default)
+    assert isinstance(cat.meta["val"].shape[2], torch.SymInt)
+
+    lowered = lower_to_stablehlo(gm, isolate=False)
+    platform = get_platform("cpu")
+    loaded, _ = compile_stablehlo(lowered.module, platform, None, input_specs=lowered.input_specs)
+    (result,) = DeviceExecutable(loaded, platform, lowered.output_specs, "grow", lowered.input_specs)(cache, new)
+    torch.testing.assert_close(result, grow(cache, new)[0])

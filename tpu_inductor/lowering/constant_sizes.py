@@ -14,7 +14,11 @@ The StableHLO conversion builds the result from the operand's shape
 (``tensor<?x1x?x16xf32>``) and has no cast to the static type its users
 expect: "failed to legalize unresolved target materialization from
 tensor<?x1x?x16xf32> to tensor<?x1x7x16xf32>". With the constant sizes read
-as ints, every value's type says ``7`` and the island lowers.
+as ints, every value's type says ``7`` and the island lowers. Both import
+paths use it: the symbolic one (lowering/symbolic.py) and the static one
+(lowering/stablehlo.py), which gets a graph whose every symbol was
+specialised, such as Mistral's full-window decode step, whose cache ``cat``
+was traced before its length was pinned.
 
 Only the metadata the importer reads (``val`` and ``tensor_meta``) changes,
 and only while it reads it: the graph, and what the rest of the backend

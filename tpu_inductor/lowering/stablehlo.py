@@ -19,6 +19,7 @@ import torch.fx
 
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError
+from tpu_inductor.lowering.constant_sizes import constant_sizes_as_ints
 from tpu_inductor.lowering.pipelines import IslandLoweringError, to_stablehlo
 from tpu_inductor.runtime.executable import TensorSpec
 
@@ -60,7 +61,10 @@ def lower_to_stablehlo(
     with report.stage("torch-mlir"):  # the first import of torch-mlir is its cost too
         from torch_mlir import fx as torch_mlir_fx
 
-        module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
+        # A size specialised mid-trace must read as one static dim everywhere
+        # (constant_sizes.py), or torch-mlir types it ``?`` on one op and ``31`` on the next.
+        with constant_sizes_as_ints(gm):
+            module = torch_mlir_fx.stateless_fx_import(gm, output_type="raw", model_name=name)
         lowered = to_stablehlo(module, isolate=isolate, for_cpu=for_cpu)
         input_specs, output_specs = graph_specs(gm)
     return LoweredModule(lowered["bytecode"], input_specs, output_specs)
