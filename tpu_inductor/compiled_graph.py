@@ -516,6 +516,7 @@ def compiled_island_record(
         lower_source=lower_source,
         ops=ops or {},
         xla_schedule=stats.schedule,
+        ynn_reductions_off=stats.ynn_reductions_off,
     )
     if isinstance(executable, ShardedExecutable):
         executable.record_into(island_record)

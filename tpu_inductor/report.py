@@ -70,6 +70,10 @@ class IslandRecord:
     """XLA:CPU's scheduler kept for this executable and the temporary memory
     each needed, when this process compiled it (runtime/xla_schedule.py);
     None otherwise."""
+    ynn_reductions_off: Optional[str] = None
+    """The short reduction for which XLA:CPU ran this executable's reductions in
+    its own loops, not YNNPACK's, when this process compiled it
+    (runtime/ynn_reductions.py); None otherwise."""
     tpu_findings: Optional[list[dict]] = None
     """What a TPU could not run in the island's module (lowering/tpu_readiness.py:
     ``kind``, ``op``, ``detail``, ``explained``); None when not checked."""

@@ -24,7 +24,7 @@ import torch
 from tpu_inductor import report
 from tpu_inductor.versions import key_versions
 from tpu_inductor.process_state import STATE
-from tpu_inductor.runtime import jaxlib_api, transfer, xla_schedule
+from tpu_inductor.runtime import jaxlib_api, transfer, xla_schedule, ynn_reductions
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir, Lookup
 from tpu_inductor.lowering.matmul_precision import torch_precisions, with_torch_precision
 from tpu_inductor.runtime.isolated_compile import XlaCompileError, compile_and_load
@@ -44,6 +44,9 @@ class CompileStats:
     key: str
     schedule: Optional[str] = None
     """XLA:CPU's scheduler, when this compile chose one (runtime/xla_schedule.py)."""
+    ynn_reductions_off: Optional[str] = None
+    """The short reduction for which this compile kept YNNPACK to dots
+    (runtime/ynn_reductions.py); None otherwise."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,12 +227,15 @@ def executable_key(
     replicas: tuple[int, ...] = (),
     precisions: Optional[dict[str, str]] = None,
     chosen_schedule: bool = False,
+    tunes_reductions: bool = False,
 ) -> CacheKey:
     """Everything that shapes the executable, grouped so a miss can say what
     changed. ``precisions``: what XLA's float32 dots and convolutions are
     compiled at on a PJRT plugin (lowering/matmul_precision.py), None on the
     CPU client; ``chosen_schedule``: XLA:CPU's scheduler is chosen per
-    executable (runtime/xla_schedule.py)."""
+    executable (runtime/xla_schedule.py); ``tunes_reductions``: YNNPACK's
+    reductions are turned off for a module with a short one
+    (runtime/ynn_reductions.py)."""
     data = module.encode() if isinstance(module, str) else module
     return CacheKey(
         identity={
@@ -253,6 +259,7 @@ def executable_key(
                 **({"replicas": list(replicas)} if replicas else {}),
                 **({"float32_precision": precisions} if precisions is not None else {}),
                 **({"xla_cpu_schedule": "chosen"} if chosen_schedule else {}),
+                **({"ynn_reductions": "off for short rows"} if tunes_reductions else {}),
             },
             "versions": key_versions(),
         },
@@ -287,7 +294,11 @@ def compile_stablehlo(
     replica_ids = tuple(device.id for device in replicas)
     runs_on = tuple(replicas) or (tuple(mesh.devices) if mesh is not None else (platform.device,))
     chosen = choose_schedule and xla_schedule.applies(platform, xla_flags, len(runs_on) == 1)
-    key = executable_key(module, input_specs, platform, xla_flags, mesh, replica_ids, precisions, chosen)
+    # Decided from the module itself (in the key already), so it is read only when XLA compiles.
+    tunes_reductions = ynn_reductions.applies(platform, xla_flags)
+    key = executable_key(
+        module, input_specs, platform, xla_flags, mesh, replica_ids, precisions, chosen, tunes_reductions
+    )
     digest = key.digest
     devices = jaxlib_api.DeviceList(runs_on)
     loaded = STATE.executables.get(digest)
@@ -295,7 +306,7 @@ def compile_stablehlo(
         # Loaded on another client of this process (a mesh's devices are a
         # client of their own): its buffers are not this client's.
         loaded = None
-    source, schedule = "memory", None
+    source, schedule, short_reduction = "memory", None, None
     if loaded is None and disk_cache is not None:
         lookup = disk_cache.load(
             "executables",
@@ -312,6 +323,9 @@ def compile_stablehlo(
             module = with_torch_precision(module, precisions)
         with report.stage("xla"):
             options = _compile_options(mesh, replica_ids)
+            short_reduction = ynn_reductions.short_reduction(module) if tunes_reductions else None
+            if short_reduction is not None:
+                options = ynn_reductions.dots_only(options)
             loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)
             if chosen:
                 (loaded, serialized), schedule = _with_kept_schedule(
@@ -320,7 +334,13 @@ def compile_stablehlo(
         if disk_cache is not None:
             _store(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
     STATE.executables[digest] = loaded
-    stats = CompileStats(source=source, seconds=time.perf_counter() - started, key=digest, schedule=schedule)
+    stats = CompileStats(
+        source=source,
+        seconds=time.perf_counter() - started,
+        key=digest,
+        schedule=schedule,
+        ynn_reductions_off=short_reduction,
+    )
     log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
     return loaded, stats
 
