@@ -11,8 +11,8 @@ MobileNet-style models pool their squeeze-excite inputs and their head over
 4x4 and 8x8 pixels, and one such reduce, fused with the 1x1 convolution that
 follows it, took 374 us of a 4 ms island. With YNNPACK's reductions off
 (``xla_cpu_experimental_ynn_fusion_type`` naming its dots only) perf.py's
-MobileNet-style island ran 1.09-1.13x faster, paired in one process, three
-runs. The same switch made the decoder of perf.py 1-4% slower (its layer
+MobileNet-style island ran 1.09-1.13x faster, paired in one process, five
+runs, and the whole model 1.10-1.12x (three runs). The same switch made the decoder of perf.py 1-4% slower (its layer
 norms and softmaxes reduce rows of 128 and 256), so it is set only for a
 module that has a short reduction, per executable, never process-wide.
 
@@ -50,9 +50,8 @@ def applies(platform: Any, xla_flags: str) -> bool:
 def short_reduction(module: Union[bytes, str]) -> Optional[str]:
     """The first f32 ``stablehlo.reduce`` in ``module`` over fewer than
     :data:`SHORT_ROW` elements per result whose operand YNNPACK would take,
-    described (``"sum over 16 of f32[8,576,4,4]"``); None when there is none."""
+    described (``"reduce over 16 of f32[8,576,4,4]"``); None when there is none."""
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import stablehlo
 
     found: list[str] = []
 
@@ -70,9 +69,7 @@ def short_reduction(module: Union[bytes, str]) -> Optional[str]:
         return ir.WalkResult.ADVANCE
 
     try:
-        with ir.Context() as context:
-            stablehlo.register_dialect(context)
-            context.allow_unregistered_dialects = True
+        with jaxlib_api.mlir_context():
             ir.Module.parse(module).operation.walk(visit)
     except Exception as exc:  # a tuning decision: a module we cannot read compiles with XLA's defaults
         log.debug("tpu_inductor: could not read the module's reductions (%s)", exc)
