@@ -46,7 +46,7 @@ def test_a_short_reduction_is_found_and_a_long_one_is_not():
     assert ynn_reductions.short_reduction(_module(_normalised_rows, _LONG)) is None
 
 
-def test_the_module_with_a_short_reduction_keeps_ynnpack_to_dots(tmp_path):
+def test_the_module_with_a_short_reduction_keeps_ynnpack_to_dots():
     platform = get_platform("cpu")
     module = _module(_pooled_then_projected, _SHORT)
     devices = jaxlib_api.DeviceList((platform.device,))

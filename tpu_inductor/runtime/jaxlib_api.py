@@ -40,6 +40,14 @@ DeviceAssignment = _jax.DeviceAssignment
 DeviceList = _jax.DeviceList
 
 
+def with_option_override(options: Any, override: tuple[str, Any]) -> Any:
+    """A copy of the compile ``options`` with one more ``(debug option, value)``
+    in its ``env_option_overrides``, which XLA applies to that executable only."""
+    copy = CompileOptions.ParseFromString(options.SerializeAsString())
+    copy.env_option_overrides = [*options.env_option_overrides, override]
+    return copy
+
+
 def shaped_array(shape: Sequence[int], numpy_dtype: Any) -> Any:
     """jax's abstract value of an array: what an ``ArrayImpl`` or a result handler is built from."""
     from jax._src import core

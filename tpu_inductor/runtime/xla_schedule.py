@@ -65,9 +65,7 @@ def applies(platform: Any, xla_flags: str, single_device: bool) -> bool:
 
 def memory_optimized(options: Any) -> Any:
     """A copy of the compile ``options`` with the memory-optimized scheduler."""
-    copy = jaxlib_api.CompileOptions.ParseFromString(options.SerializeAsString())
-    copy.env_option_overrides = [*options.env_option_overrides, MEMORY_OPTIMIZED]
-    return copy
+    return jaxlib_api.with_option_override(options, MEMORY_OPTIMIZED)
 
 
 def kept_schedule(default: Any, memory_optimized_executable: Any) -> tuple[bool, str]:

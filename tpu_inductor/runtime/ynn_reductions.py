@@ -12,9 +12,10 @@ MobileNet-style models pool their squeeze-excite inputs and their head over
 follows it, took 374 us of a 4 ms island. With YNNPACK's reductions off
 (``xla_cpu_experimental_ynn_fusion_type`` naming its dots only) perf.py's
 MobileNet-style island ran 1.09-1.13x faster, paired in one process, five
-runs, and the whole model 1.10-1.12x (three runs). The same switch made the decoder of perf.py 1-4% slower (its layer
-norms and softmaxes reduce rows of 128 and 256), so it is set only for a
-module that has a short reduction, per executable, never process-wide.
+runs, and the whole model 1.10-1.12x (three runs). The same switch made the
+decoder of perf.py 1-4% slower (its layer norms and softmaxes reduce rows of
+128 and 256), so it is set only for a module that has a short reduction, per
+executable, never process-wide.
 
 The option lists the fusion types YNNPACK keeps: jaxlib 0.10's defaults are
 its dots and its reductions (tests/test_ynn_reductions.py checks that the
@@ -56,7 +57,7 @@ def short_reduction(module: Union[bytes, str]) -> Optional[str]:
     found: list[str] = []
 
     def visit(op: Any) -> Any:
-        if op.name == "stablehlo.reduce" and not found:
+        if op.name == "stablehlo.reduce":
             operand = ir.RankedTensorType(op.operands[0].type)
             dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
             row = math.prod(operand.shape[d] for d in dims)
@@ -66,6 +67,7 @@ def short_reduction(module: Union[bytes, str]) -> Optional[str]:
                 and 0 < row < SHORT_ROW
             ):
                 found.append(f"reduce over {row} of f32[{','.join(map(str, operand.shape))}]")
+                return ir.WalkResult.INTERRUPT  # the first one decides
         return ir.WalkResult.ADVANCE
 
     try:
@@ -79,6 +81,4 @@ def short_reduction(module: Union[bytes, str]) -> Optional[str]:
 
 def dots_only(options: Any) -> Any:
     """A copy of the compile ``options`` where YNNPACK runs dots only."""
-    copy = jaxlib_api.CompileOptions.ParseFromString(options.SerializeAsString())
-    copy.env_option_overrides = [*options.env_option_overrides, DOTS_ONLY]
-    return copy
+    return jaxlib_api.with_option_override(options, DOTS_ONLY)
