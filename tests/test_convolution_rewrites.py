@@ -94,6 +94,8 @@ def test_batched_matmul_convolutions_match_eager(input_shape, weight_shape, kwar
         (depthwise_convolutions_as_taps, (1, 4, 6, 6), (8, 1, 3, 3), {"padding": 1, "groups": 4}),
         # Grouped, not depthwise.
         (depthwise_convolutions_as_taps, (1, 8, 6, 6), (8, 2, 3, 3), {"padding": 1, "groups": 4}),
+        # 81 taps, more than MAX_TAPS: XLA's compile time grows with them.
+        (depthwise_convolutions_as_taps, (1, 4, 12, 12), (4, 1, 9, 9), {"padding": 4, "groups": 4}),
         (pointwise_convolutions_as_matmuls, (1, 8, 6, 6), (8, 8, 3, 3), {"padding": 1}),  # not 1x1
         (pointwise_convolutions_as_matmuls, (1, 8, 6, 6), (8, 8, 1, 1), {"stride": 2}),
         (pointwise_convolutions_as_matmuls, (1, 8, 6, 6), (8, 8, 1, 1), {"padding": 1}),

@@ -19,7 +19,9 @@ than channels-last ones (XLA:CPU vectorises along the contiguous width).
 
 Static 2-D convolutions whose groups equal the input channels and the output
 channels (multiplier 1); the sum of the same products in another order.
-Half-precision inputs are summed in float32, as oneDNN accumulates.
+Half-precision inputs are summed in float32, as oneDNN accumulates. Kernels
+of more than ``convolution_taps.MAX_TAPS`` taps stay convolutions: XLA's
+compile time grows with the taps.
 
 Before::
 
@@ -50,8 +52,10 @@ def depthwise_convolutions_as_taps(gm: torch.fx.GraphModule) -> torch.fx.GraphMo
 
 def _qualifies(convolution: taps.Convolution) -> bool:
     channels = convolution.input_value.shape[1]
+    kernel_h, kernel_w = convolution.weight_value.shape[2:]
     return (
-        convolution.groups == channels > 1
+        kernel_h * kernel_w <= taps.MAX_TAPS
+        and convolution.groups == channels > 1
         and tuple(convolution.weight_value.shape[:2]) == (channels, 1)
         and convolution.output_value.shape[1] == channels
     )
