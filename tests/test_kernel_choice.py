@@ -60,6 +60,45 @@ def _measured_choices(graph):
     return [k for k in graph.eager_kernels if "pointwise work between PyTorch kernels" not in k.reason]
 
 
+@pytest.mark.parametrize("seconds_a_call, most_calls", [(0.0, 9), (0.1, 3), (0.3, 2)])
+def test_a_slow_kernel_is_timed_fewer_times(seconds_a_call, most_calls):
+    """A warm-up call and seven timed ones, unless that would take more than
+    the budget (0.25 s): SAM 3's 1,008x1008 convolutions of 0.3-1.4 s a
+    call spent 52 s of its first call being timed."""
+    import time
+
+    from tpu_inductor.placement import kernel_choice
+
+    calls = []
+
+    def kernel():
+        calls.append(None)
+        time.sleep(seconds_a_call)
+
+    assert kernel_choice._median_seconds(kernel) >= seconds_a_call
+    assert 2 <= len(calls) <= most_calls
+    assert len(calls) == most_calls or seconds_a_call > 0
+
+
+@pytest.mark.parametrize("seconds, timings_taken", [(1e-3, 3), (10e-3, 2)])
+def test_a_slow_kernel_is_not_timed_again_on_the_calling_thread(monkeypatch, tmp_path, seconds, timings_taken):
+    """Every thread, the calling thread alone and XLA: three timings, but a
+    kernel of 4 ms or more on every thread would have to run ten times faster
+    on one to qualify for it, so that timing is skipped."""
+    from tpu_inductor.placement import kernel_choice
+
+    timed = []
+    monkeypatch.setattr(kernel_choice, "_median_seconds", lambda call: timed.append(call) or seconds)
+    monkeypatch.setattr(STATE, "kernel_choosers", {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
+    finally:
+        torch.set_num_threads(before)
+    assert len(timed) == timings_taken
+
+
 def test_faster_eager_kernel_runs_the_conv(timings, tmp_path):
     x = torch.randn(2, 8, 16, 16)
     expected, actual = _run({"cache_dir": str(tmp_path)}, x)

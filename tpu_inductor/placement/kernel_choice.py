@@ -107,6 +107,17 @@ save 0.3 ms to one thread, and perf.py's CNN went from 1.09x Inductor to
 in the graph, was more erratic still (the CNN ran 1.5x slower)."""
 
 _TIMED_RUNS = 7
+_TIMING_BUDGET_S = 0.25
+"""Seconds of timed calls a kernel gets: one slower than this over
+:data:`_TIMED_RUNS` is timed fewer times (once past 0.25 s a call). A tiny
+model fed 1,008x1008 images (SAM 3's vision tower) has convolutions of 0.3
+to 1.4 s a call, and nine calls of each of its three timings took 52 s of
+its first call; there a run-to-run spread of a few percent is far inside
+the margins a choice needs."""
+_CALLING_THREAD_TIMED_BELOW_S = 20 * WORKER_START_S
+"""A kernel slower than this on every thread is not timed on the calling
+thread alone: it would have to run ten times faster there to qualify
+(:func:`_saves_less_than_starting_workers`)."""
 _DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
 
@@ -198,9 +209,9 @@ class KernelChooser:
             else:
                 eager_call = functools.partial(probe, *inputs)
             every_thread_s = _median_seconds(eager_call)
-            one_thread_s = (  # on one thread already, timing it again would only repeat the first
-                _median_seconds(on_calling_thread(eager_call)) if torch.get_num_threads() > 1 else every_thread_s
-            )
+            # On one thread already, timing it again would only repeat the first.
+            worth_timing_alone = torch.get_num_threads() > 1 and every_thread_s < _CALLING_THREAD_TIMED_BELOW_S
+            one_thread_s = _median_seconds(on_calling_thread(eager_call)) if worth_timing_alone else every_thread_s
             try:
                 xla_s = self._time_xla(probe, inputs)
             except Exception as exc:  # torch-mlir and XLA raise many types
@@ -308,11 +319,17 @@ def _saves_less_than_starting_workers(every_thread_s: float, one_thread_s: float
 
 
 def _median_seconds(call: Callable[[], object]) -> float:
-    call()  # first calls: allocation, lazy initialisation, oneDNN primitive caches
-    call()
-    times = []
-    for _ in range(_TIMED_RUNS):
+    """Median seconds of ``call`` after warming it up, over at most
+    :data:`_TIMED_RUNS` calls and about :data:`_TIMING_BUDGET_S` seconds."""
+
+    def timed() -> float:
         started = time.perf_counter()
         call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        return time.perf_counter() - started
+
+    call()  # first calls: allocation, lazy initialisation, oneDNN primitive caches
+    second = timed()
+    runs = min(_TIMED_RUNS, int(_TIMING_BUDGET_S / second))
+    if runs < _TIMED_RUNS:  # a slow kernel: its second call counts as a sample
+        return statistics.median([second, *(timed() for _ in range(runs - 1))])
+    return statistics.median(timed() for _ in range(_TIMED_RUNS))
