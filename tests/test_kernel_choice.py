@@ -50,6 +50,15 @@ def _run(options, x):
         return model(x), compiled(x)
 
 
+def _run_on_two_threads(options, x):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return _run(options, x)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _graph():
     (graph,) = report.current().graphs
     return graph
@@ -90,12 +99,7 @@ def test_a_slow_kernel_is_not_timed_again_on_the_calling_thread(monkeypatch, tmp
     timed = []
     monkeypatch.setattr(kernel_choice, "_median_seconds", lambda call: timed.append(call) or seconds)
     monkeypatch.setattr(STATE, "kernel_choosers", {})
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
-    finally:
-        torch.set_num_threads(before)
+    _run_on_two_threads({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
     assert len(timed) == timings_taken
 
 
@@ -158,12 +162,7 @@ def test_a_kernel_that_every_thread_barely_speeds_up_runs_on_the_calling_thread(
 )
 def test_a_kernel_that_every_thread_speeds_up_runs_on_every_thread(timings, tmp_path, every_thread_s, one_thread_s):
     timings["eager_s"], timings["one_thread_s"] = every_thread_s, one_thread_s
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        _run({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
-    finally:
-        torch.set_num_threads(before)
+    _run_on_two_threads({"cache_dir": str(tmp_path)}, torch.randn(2, 8, 16, 16))
     (conv,) = _measured_choices(_graph())
     assert "1.000 ms on 2 threads" in conv.reason
 
