@@ -89,6 +89,13 @@ def test_a_slow_kernel_is_timed_fewer_times(seconds_a_call, most_calls):
     assert len(calls) == most_calls or seconds_a_call > 0
 
 
+def test_a_kernel_faster_than_the_clock_is_timed_without_dividing_by_zero(monkeypatch):
+    from tpu_inductor.placement import kernel_choice
+
+    monkeypatch.setattr(kernel_choice.time, "perf_counter", lambda: 1.0)
+    assert kernel_choice._median_seconds(lambda: None) == 0.0
+
+
 @pytest.mark.parametrize("seconds, timings_taken", [(1e-3, 3), (10e-3, 2)])
 def test_a_slow_kernel_is_not_timed_again_on_the_calling_thread(monkeypatch, tmp_path, seconds, timings_taken):
     """Every thread, the calling thread alone and XLA: three timings, but a

@@ -329,7 +329,7 @@ def _median_seconds(call: Callable[[], object]) -> float:
 
     call()  # first calls: allocation, lazy initialisation, oneDNN primitive caches
     second = timed()
-    runs = min(_TIMED_RUNS, int(_TIMING_BUDGET_S / second))
-    if runs < _TIMED_RUNS:  # a slow kernel: its second call counts as a sample
+    if second * _TIMED_RUNS > _TIMING_BUDGET_S:  # a slow kernel: its second call counts as a sample
+        runs = int(_TIMING_BUDGET_S / second)
         return statistics.median([second, *(timed() for _ in range(runs - 1))])
     return statistics.median(timed() for _ in range(_TIMED_RUNS))
