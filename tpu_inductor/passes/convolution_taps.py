@@ -43,6 +43,16 @@ class Convolution:
     weight_value: torch.Tensor
     output_value: torch.Tensor
 
+    @property
+    def kernel(self) -> list[int]:
+        """The kernel's spatial size, ``[kh, kw]``."""
+        return list(self.weight_value.shape[2:])
+
+    def has_few_taps(self) -> bool:
+        """Whether one slice per kernel tap makes a graph XLA compiles quickly (:data:`MAX_TAPS`)."""
+        kernel_h, kernel_w = self.kernel
+        return kernel_h * kernel_w <= MAX_TAPS
+
     def add_bias(self, build: GraphBuilder, result: torch.fx.Node) -> torch.fx.Node:
         """``result`` ``[N, O, H, W]`` plus the bias per output channel, if there is one."""
         if self.bias is None:

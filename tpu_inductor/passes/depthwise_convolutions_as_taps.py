@@ -52,9 +52,8 @@ def depthwise_convolutions_as_taps(gm: torch.fx.GraphModule) -> torch.fx.GraphMo
 
 def _qualifies(convolution: taps.Convolution) -> bool:
     channels = convolution.input_value.shape[1]
-    kernel_h, kernel_w = convolution.weight_value.shape[2:]
     return (
-        kernel_h * kernel_w <= taps.MAX_TAPS
+        convolution.has_few_taps()
         and convolution.groups == channels > 1
         and tuple(convolution.weight_value.shape[:2]) == (channels, 1)
         and convolution.output_value.shape[1] == channels

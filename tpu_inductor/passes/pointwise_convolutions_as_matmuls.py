@@ -51,7 +51,7 @@ def pointwise_convolutions_as_matmuls(gm: torch.fx.GraphModule) -> torch.fx.Grap
 def _qualifies(convolution: taps.Convolution) -> bool:
     return (
         convolution.groups == 1
-        and tuple(convolution.weight_value.shape[2:]) == (1, 1)
+        and convolution.kernel == [1, 1]
         and convolution.stride == [1, 1]
         and not any(convolution.padding)
     )

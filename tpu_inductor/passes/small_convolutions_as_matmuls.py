@@ -65,15 +65,13 @@ def _qualifies(convolution: taps.Convolution) -> bool:
     if convolution.groups != 1 or not convolution.weight_value.is_contiguous():
         return False
     batch, _, height, width = convolution.output_value.shape
-    kernel_h, kernel_w = convolution.weight_value.shape[2:]
-    few_taps = kernel_h * kernel_w <= taps.MAX_TAPS or _windows_are_disjoint(convolution)
+    few_taps = convolution.has_few_taps() or _windows_are_disjoint(convolution)
     return batch * height * width <= MAX_ROWS and few_taps
 
 
 def _windows_are_disjoint(convolution: taps.Convolution) -> bool:
     """Each input position feeds one output position at most (a patch embedding)."""
-    kernel = list(convolution.weight_value.shape[2:])
-    return convolution.stride == kernel and convolution.dilation == [1, 1]
+    return convolution.stride == convolution.kernel and convolution.dilation == [1, 1]
 
 
 def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
