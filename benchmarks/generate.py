@@ -297,6 +297,10 @@ def serve_generator(
     synchronize()
     first = {"first_call": time.perf_counter() - started,
              "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
+    # Past the 100th decode step, where tpu picks XLA:CPU's schedule for the
+    # decode step's executable (runtime/xla_schedule.py): steady state is after it.
+    for _ in range(3):
+        generate(ids, mask, NEW_TOKENS + 1)
     generate(ids, mask, 1)
 
     def timed(new_tokens: int) -> float:

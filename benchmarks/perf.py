@@ -214,7 +214,10 @@ WORKLOADS = (
     "overhead", "mlp", "decoder", "decode", "cnn", "mobilenet", "mlp_frozen", "cnn_frozen", "train", "dynamic"
 )
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
-WARMUP_CALLS = 3
+WARMUP_CALLS = 100
+"""Calls before timing, every path alike: past the call where the tpu backend
+picks XLA:CPU's schedule for a hot executable (runtime/xla_schedule.py,
+``HOT_CALLS``), which compiles once more; a user's steady state is after it."""
 
 
 # --------------------------------------------------------------------- measuring

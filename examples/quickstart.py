@@ -50,9 +50,11 @@ class TinyTransformer(nn.Module):
 
 def paired_timings(eager, compiled, *args, rounds: int = 15, calls: int = 10) -> tuple[float, float, float]:
     """Median seconds per call of each, and the median over rounds of eager's
-    time / compiled's time: both warmed alike, timed in alternating order."""
+    time / compiled's time: both warmed alike, timed in alternating order.
+    The warm-up runs past the 100th call, where tpu picks XLA's schedule for
+    a program that runs often (one more compile)."""
     for fn in (eager, compiled):
-        for _ in range(3):
+        for _ in range(100):
             fn(*args)
     eager_times, compiled_times = [], []
     for round_index in range(rounds):

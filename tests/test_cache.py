@@ -101,7 +101,7 @@ def test_warm_run_skips_lowering_and_compiling(tmp_path):
         "input_avals": ["float32[4,8]"],
     }
     assert parts["platform"]["platform"] == "cpu" and parts["platform"]["device_kind"]
-    assert set(parts["options"]) == {"compile_options_sha256", "xla_flags", "xla_cpu_schedule", "ynn_reductions"}
+    assert set(parts["options"]) == {"compile_options_sha256", "xla_flags", "ynn_reductions"}
     assert {"torch", "torch-mlir", "jaxlib", "libtpu", "tpu_inductor"} <= set(parts["versions"])
     assert parts["versions"]["tpu_inductor source"] == SOURCE_DIGEST
     assert manifest["files"]["executable.bin"]["bytes"] == (exe_entry / "executable.bin").stat().st_size

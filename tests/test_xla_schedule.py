@@ -1,5 +1,6 @@
 """XLA:CPU's scheduler is chosen per executable by the temporary memory each
-needs (runtime/xla_schedule.py); the choice never changes a result."""
+needs, once the executable is hot (runtime/xla_schedule.py); the choice
+never changes a result."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import tpu_inductor.report as report
+from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import xla_schedule
 
 
@@ -29,28 +31,45 @@ def _inputs(width: int):
     return x, weights, scales
 
 
-def _compiled_islands(width: int, **options):
+def _compiled_islands(width: int, calls: int = 1, **options):
     args = _inputs(width)
-    got = torch.compile(_scaled_chain, backend="tpu", options={"cache": False, "strict": True, **options})(*args)
-    torch.testing.assert_close(got, _scaled_chain(*args), rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(_scaled_chain, backend="tpu", options={"cache": False, "strict": True, **options})
+    for _ in range(calls):
+        torch.testing.assert_close(compiled(*args), _scaled_chain(*args), rtol=1e-5, atol=1e-5)
     return report.current().islands()
 
 
-def test_the_schedule_that_needs_less_memory_is_kept():
-    (island,) = _compiled_islands(64)
-    assert island.compile_source == "xla"
+def test_the_schedule_that_needs_less_memory_is_kept_once_the_executable_is_hot():
+    (island,) = _compiled_islands(64, calls=xla_schedule.HOT_CALLS - 1)
+    assert island.compile_source == "xla" and island.xla_schedule is None  # not chosen yet: one compile
+    xla_seconds = report.current().stage_seconds["xla"]
+    (island,) = _compiled_islands(64)  # the same graph's 100th call
     assert island.xla_schedule is not None and island.xla_schedule.startswith("memory-optimized")
+    assert report.current().stage_seconds["xla"] > xla_seconds  # the second compile, in the report's XLA time
+
+
+def test_the_choice_is_kept_in_the_cache_for_the_next_process(tmp_path):
+    options = {"cache": True, "cache_dir": str(tmp_path)}
+    (island,) = _compiled_islands(56, calls=xla_schedule.HOT_CALLS, **options)
+    assert island.compile_source == "xla" and island.xla_schedule.startswith("memory-optimized")
+    STATE.reset()  # as a new process
+    torch._dynamo.reset()
+    report.reset()
+    (island,) = _compiled_islands(56, calls=xla_schedule.HOT_CALLS + 1, **options)
+    # The kept executable, from disk: nothing left to choose, no compile.
+    assert island.compile_source == "disk" and island.xla_schedule is None
+    assert report.current().cache_misses() == {}
 
 
 def test_the_option_turns_the_choice_off():
-    (island,) = _compiled_islands(48, choose_xla_schedule=False)
+    (island,) = _compiled_islands(48, calls=xla_schedule.HOT_CALLS, choose_xla_schedule=False)
     assert island.compile_source == "xla" and island.xla_schedule is None
 
 
 def test_a_scheduler_named_in_xla_flags_stands(monkeypatch):
     # XLA's own default, named: read into the key and the choice, changes nothing else.
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=true")
-    (island,) = _compiled_islands(40)
+    (island,) = _compiled_islands(40, calls=xla_schedule.HOT_CALLS)
     assert island.compile_source == "xla" and island.xla_schedule is None
 
 

@@ -425,7 +425,8 @@ def compile_module(
             )
         return sharded, stats
     executable = DeviceExecutable(
-        loaded, context.platform, output_specs, name=keyed_name, input_specs=input_specs, device_only=device_only
+        loaded, context.platform, output_specs, name=keyed_name, input_specs=input_specs, device_only=device_only,
+        schedule_choice=stats.schedule_choice,
     )
     return executable, stats
 
@@ -515,9 +516,11 @@ def compiled_island_record(
         cache_key=stats.key,
         lower_source=lower_source,
         ops=ops or {},
-        xla_schedule=stats.schedule,
         ynn_reductions_off=stats.ynn_reductions_off,
     )
+    if stats.schedule_choice is not None:  # filled in when the executable is hot
+        island_record.xla_schedule = stats.schedule_choice.words
+        stats.schedule_choice.records.append(island_record)
     if isinstance(executable, ShardedExecutable):
         executable.record_into(island_record)
     return island_record

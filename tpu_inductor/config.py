@@ -73,13 +73,13 @@ class Config:
     Env: ``TPU_INDUCTOR_EAGER_KERNELS``."""
 
     choose_xla_schedule: bool = True
-    """On the CPU client, compile each executable with both of XLA:CPU's
-    instruction schedulers (concurrency- and memory-optimized) and keep the
-    memory-optimized one where it needs clearly less temporary memory:
-    programs of many small steps (a decode step, a MobileNet) run 10-15%
-    faster so (runtime/xla_schedule.py). Costs a second XLA compile on the
-    first compile of each island; the disk cache keeps the one chosen.
-    Ignored where ``XLA_FLAGS`` names a scheduler.
+    """On the CPU client, once an executable has run 100 times, compile it
+    with XLA:CPU's other instruction scheduler too (memory- as well as
+    concurrency-optimized) and keep the memory-optimized one where it needs
+    clearly less temporary memory: programs of many small steps (a decode
+    step, a MobileNet) run 10-15% faster so (runtime/xla_schedule.py). Costs
+    a second XLA compile in the 100th call; the disk cache keeps the one
+    chosen. Ignored where ``XLA_FLAGS`` names a scheduler.
     Env: ``TPU_INDUCTOR_CHOOSE_XLA_SCHEDULE``."""
 
     fallback_random: bool = False

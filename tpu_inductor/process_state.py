@@ -28,6 +28,8 @@ class ProcessState:
     """Cache directory -> what each Dynamo graph was traced with (aot_cache.py)."""
     executables: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Executable key -> loaded PJRT executable (runtime/executable.py)."""
+    schedule_choices: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Chosen-schedule executable key -> its choice, made or to be made (runtime/executable.py)."""
     resident_buffers: dict[Any, Any] = dataclasses.field(default_factory=dict)
     """(platform, device id) -> tensors kept on that device (runtime/transfer.py)."""
     unwritable_dirs: dict[str, str] = dataclasses.field(default_factory=dict)

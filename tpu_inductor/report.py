@@ -68,8 +68,8 @@ class IslandRecord:
     (``all-reduce``, ``all-gather``, ...), counted from its HLO."""
     xla_schedule: Optional[str] = None
     """XLA:CPU's scheduler kept for this executable and the temporary memory
-    each needed, when this process compiled it (runtime/xla_schedule.py);
-    None otherwise."""
+    each needed, when this process chose it (runtime/xla_schedule.py: once
+    the executable is hot); None otherwise."""
     ynn_reductions_off: Optional[str] = None
     """The short reduction for which XLA:CPU ran this executable's reductions in
     its own loops, not YNNPACK's, when this process compiled it

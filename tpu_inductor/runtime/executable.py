@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -42,8 +43,10 @@ class CompileStats:
     source: str  # "memory", "disk" or "xla"
     seconds: float
     key: str
-    schedule: Optional[str] = None
-    """XLA:CPU's scheduler, when this compile chose one (runtime/xla_schedule.py)."""
+    schedule_choice: Optional["ScheduleChoice"] = None
+    """Where XLA:CPU's scheduler is still to be chosen for this executable
+    (runtime/xla_schedule.py): the executable returned is the default
+    schedule's, and the choice is made when it is hot."""
     ynn_reductions_off: Optional[str] = None
     """The short reduction for which this compile kept YNNPACK to dots
     (runtime/ynn_reductions.py); None otherwise."""
@@ -77,6 +80,7 @@ class DeviceExecutable:
         name: str,
         input_specs: Sequence[TensorSpec] = (),
         device_only: frozenset[int] = frozenset(),
+        schedule_choice: Optional["ScheduleChoice"] = None,
     ) -> None:
         self._loaded = loaded
         self._platform = platform
@@ -98,9 +102,23 @@ class DeviceExecutable:
             self._host_views = transfer.HostViews(platform)
             self._result_handlers = [transfer.result_handler(s.shape, s.dtype, platform) for s in output_specs]
             self.run = self._call_sharing_host_memory
+        if schedule_choice is not None:
+            self._schedule_choice = schedule_choice
+            self._calls_before_choice = xla_schedule.HOT_CALLS
+            self._steady_run = self.run
+            self.run = self._call_counting_to_the_choice
 
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         return self.run(*tensors)
+
+    def _call_counting_to_the_choice(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """The first :data:`xla_schedule.HOT_CALLS` calls; the last of them
+        waits for the schedule choice and runs the executable kept."""
+        self._calls_before_choice -= 1
+        if self._calls_before_choice <= 0:
+            self._loaded = self._schedule_choice.kept(self._loaded)
+            self.run = self._steady_run
+        return self._steady_run(*tensors)
 
     def _call_through_transfers(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         platform, resident = self._platform, self._resident
@@ -285,85 +303,157 @@ def compile_stablehlo(
     whose collectives span them), go into the cache key. ``isolate``
     (``Config.isolate_lowering``): XLA compiles in the helper process where it
     can (runtime/isolated_compile.py). ``choose_schedule``
-    (``Config.choose_xla_schedule``): on the CPU client, XLA compiles it with
-    both of its schedulers and runtime/xla_schedule.py keeps one."""
+    (``Config.choose_xla_schedule``): on the CPU client, the executable kept
+    by an earlier choice of XLA:CPU's scheduler, or else the default
+    schedule's with a :class:`ScheduleChoice` in the stats, made when the
+    executable is hot (runtime/xla_schedule.py)."""
     started = time.perf_counter()
     # Part of the key, written on the module only when XLA compiles it (a
     # cache hit parses nothing); XLA:CPU's float32 is exact at every precision.
     precisions = torch_precisions() if platform.name != "cpu" else None
     replica_ids = tuple(device.id for device in replicas)
     runs_on = tuple(replicas) or (tuple(mesh.devices) if mesh is not None else (platform.device,))
-    chosen = choose_schedule and xla_schedule.applies(platform, xla_flags, len(runs_on) == 1)
+    chooses = choose_schedule and xla_schedule.applies(platform, xla_flags, len(runs_on) == 1)
     # Decided from the module itself (in the key already), so it is read only when XLA compiles.
     tunes_reductions = ynn_reductions.applies(platform, xla_flags)
-    key = executable_key(
-        module, input_specs, platform, xla_flags, mesh, replica_ids, precisions, chosen, tunes_reductions
-    )
-    digest = key.digest
-    devices = jaxlib_api.DeviceList(runs_on)
-    loaded = STATE.executables.get(digest)
-    if loaded is not None and loaded.client is not platform.client:
-        # Loaded on another client of this process (a mesh's devices are a
-        # client of their own): its buffers are not this client's.
-        loaded = None
-    source, schedule, short_reduction = "memory", None, None
-    if loaded is None and disk_cache is not None:
-        lookup = disk_cache.load(
-            "executables",
-            key,
-            lambda files: platform.client.deserialize_executable(files["executable.bin"], devices),
+
+    def key_for(chosen_schedule: bool) -> CacheKey:
+        return executable_key(
+            module, input_specs, platform, xla_flags, mesh, replica_ids, precisions, chosen_schedule, tunes_reductions
         )
-        record_cache_event("executable", digest, lookup)
-        loaded = lookup.value
-        source = "disk"
-    if loaded is None:
-        source = "xla"
-        compile_started = time.perf_counter()
-        if precisions is not None:
-            module = with_torch_precision(module, precisions)
-        with report.stage("xla"):
-            options = _compile_options(mesh, replica_ids)
-            short_reduction = ynn_reductions.short_reduction(module) if tunes_reductions else None
-            if short_reduction is not None:
-                options = ynn_reductions.dots_only(options)
-            loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)
-            if chosen:
-                (loaded, serialized), schedule = _with_kept_schedule(
-                    platform, module, devices, options, isolate, (loaded, serialized)
-                )
-        if disk_cache is not None:
-            _store(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
-    STATE.executables[digest] = loaded
+
+    devices = jaxlib_api.DeviceList(runs_on)
+    found, choice, short_reduction = None, None, None
+    if chooses:
+        chosen_key = key_for(True)
+        # A miss here is no news for the report: the default's key is looked up next.
+        found = _cached(chosen_key, platform, devices, disk_cache, report_miss=False)
+    if found is None:
+        key = key_for(False)
+        found = _cached(key, platform, devices, disk_cache)
+        if found is None:
+            compile_started = time.perf_counter()
+            if precisions is not None:
+                module = with_torch_precision(module, precisions)
+            with report.stage("xla"):
+                options, short_reduction = _xla_options(module, mesh, replica_ids, tunes_reductions)
+                loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)
+            if disk_cache is not None:
+                _store(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
+            STATE.executables[key.digest] = loaded
+            found = (loaded, "xla", key.digest)
+        if chooses:
+            choice = STATE.schedule_choices.get(chosen_key.digest)
+            if choice is None:
+                options, _ = _xla_options(module, mesh, replica_ids, tunes_reductions)
+                choice = ScheduleChoice(module, platform, devices, options, isolate, disk_cache, chosen_key)
+                STATE.schedule_choices[chosen_key.digest] = choice
+    loaded, source, digest = found
     stats = CompileStats(
         source=source,
         seconds=time.perf_counter() - started,
         key=digest,
-        schedule=schedule,
+        schedule_choice=choice,
         ynn_reductions_off=short_reduction,
     )
     log.debug("tpu_inductor: executable %s from %s in %.3fs", digest, source, stats.seconds)
     return loaded, stats
 
 
-def _with_kept_schedule(
-    platform: Platform,
-    module: Union[bytes, str],
-    devices: Any,
-    options: Any,
-    isolate: bool,
-    default: tuple[Any, Optional[bytes]],
-) -> tuple[tuple[Any, Optional[bytes]], Optional[str]]:
-    """``default`` (an executable compiled with ``options`` and its bytes) or the
-    same module compiled with XLA:CPU's memory-optimized scheduler, whichever
-    runtime/xla_schedule.py keeps, and the report's words for the choice."""
-    try:
-        alternative = compile_and_load(platform, module, devices, xla_schedule.memory_optimized(options), isolate=isolate)
-    except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
-        log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s); keeping the default", exc)
-        return default, None
-    keep, words = xla_schedule.kept_schedule(default[0], alternative[0])
-    log.debug("tpu_inductor: XLA:CPU schedule %s", words)
-    return (alternative if keep else default), words
+def _cached(
+    key: CacheKey, platform: Platform, devices: Any, disk_cache: Optional[CacheDir], report_miss: bool = True
+) -> Optional[tuple[Any, str, str]]:
+    """``(executable, "memory" or "disk", digest)`` for ``key``, or None."""
+    loaded = STATE.executables.get(key.digest)
+    # One loaded on another client of this process (a mesh's devices are a
+    # client of their own) does not run on this client's buffers.
+    if loaded is not None and loaded.client is platform.client:
+        return loaded, "memory", key.digest
+    if disk_cache is None:
+        return None
+    lookup = disk_cache.load(
+        "executables", key, lambda files: platform.client.deserialize_executable(files["executable.bin"], devices)
+    )
+    if lookup.hit or report_miss:
+        record_cache_event("executable", key.digest, lookup)
+    if lookup.value is None:
+        return None
+    STATE.executables[key.digest] = lookup.value
+    return lookup.value, "disk", key.digest
+
+
+def _xla_options(
+    module: Union[bytes, str], mesh: Optional[Mesh], replica_ids: tuple[int, ...], tunes_reductions: bool
+) -> tuple[Any, Optional[str]]:
+    """The compile options for ``module`` and the short reduction for which
+    they keep YNNPACK to dots (runtime/ynn_reductions.py), if any."""
+    options = _compile_options(mesh, replica_ids)
+    short_reduction = ynn_reductions.short_reduction(module) if tunes_reductions else None
+    if short_reduction is not None:
+        options = ynn_reductions.dots_only(options)
+    return options, short_reduction
+
+
+class ScheduleChoice:
+    """XLA:CPU's scheduler for one module (runtime/xla_schedule.py), chosen
+    once an executable of it is hot: the module compiled with the
+    memory-optimized scheduler, compared with the default's executable, and
+    the one kept stored under the chosen key (memory and disk), so that a
+    later compile of the module, here or in another process, takes it at
+    once. Shared by every executable of the module in this process (a
+    model's identical layers): the first to be hot chooses, the others take
+    its choice."""
+
+    def __init__(
+        self,
+        module: Union[bytes, str],
+        platform: Platform,
+        devices: Any,
+        options: Any,
+        isolate: bool,
+        disk_cache: Optional[CacheDir],
+        key: CacheKey,
+    ) -> None:
+        self._module, self._platform, self._devices = module, platform, devices
+        self._options, self._isolate, self._disk_cache, self._key = options, isolate, disk_cache, key
+        self._lock = threading.Lock()
+        self._kept: Optional[Any] = None
+        self.words: Optional[str] = None
+        """The report's words for the choice, once made."""
+        self.records: list[report.IslandRecord] = []
+        """Islands whose ``xla_schedule`` the choice fills in."""
+
+    def kept(self, default: Any) -> Any:
+        """The executable to run from now on, ``default`` (the default
+        schedule's executable of the module) or the memory-optimized one."""
+        with self._lock:  # two threads at their hot call: one compiles
+            if self._kept is None:
+                self._kept = self._choose(default)
+            return self._kept
+
+    def _choose(self, default: Any) -> Any:
+        started = time.perf_counter()
+        with report.stage("xla"):
+            try:
+                alternative, serialized = compile_and_load(
+                    self._platform, self._module, self._devices, xla_schedule.memory_optimized(self._options),
+                    isolate=self._isolate,
+                )
+                keep, self.words = xla_schedule.kept_schedule(default, alternative)
+            except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
+                log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s)", exc)
+                keep, self.words = False, "default (the memory-optimized schedule did not compile)"
+        kept, blob = (alternative, serialized) if keep else (default, None)
+        STATE.executables[self._key.digest] = kept
+        if self._disk_cache is not None:
+            _store(self._disk_cache, self._key, self._module, kept, blob, self._platform, time.perf_counter() - started)
+        for record in self.records:
+            record.xla_schedule = self.words
+        log.info(
+            "tpu_inductor: executable %s ran %d times: XLA:CPU schedule %s",
+            self._key.digest, xla_schedule.HOT_CALLS, self.words,
+        )
+        return kept
 
 
 def _store(

@@ -24,9 +24,15 @@ the memory-optimized one is kept where it needs at most
 (:func:`kept_schedule`). Timing the two on zero-filled inputs was tried
 first and dropped: it ranked MobileNet's pair the wrong way round in one run
 of two (1.04x, against 0.89x inside the model), and it measured up to 25%
-between two compiles that need the same memory. The disk cache stores the
-executable kept, so a warm start compiles once. The cost is a second XLA
-compile on the first compile of each island.
+between two compiles that need the same memory.
+
+The second compile waits until the executable has run :data:`HOT_CALLS`
+times (runtime/executable.py, ``ScheduleChoice``): a first call with both
+compiles took 1.12-1.18 s for perf.py's decoder against 0.85-0.97 s with
+one, and an executable called a few times (a script, a test, a prefill) never
+earns back a second compile. The disk cache keeps the default executable
+under its own key and, once chosen, the kept one under the chosen key, so a
+warm start loads the choice and compiles nothing.
 
 The choice is ``xla_cpu_scheduler_type`` among the compile options'
 ``env_option_overrides``, which XLA applies per executable.
@@ -54,6 +60,15 @@ this fraction of the default's. Measured, it took 0.30x (decode step,
 0.85x the time), 0.33x (MobileNet-style, 0.89x) and 0.73x (a Llama prefill)
 where it was faster, and 1.2x for the quickstart's transformer, where it was
 slower."""
+
+
+HOT_CALLS = 100
+"""Calls of an executable after which its schedule is chosen (one call then
+waits for the second compile). The choice saves 10-15% of a call where it
+changes anything (the decode step: 27 us of 175; MobileNet-style: 0.6 ms of
+5.7), and the second compile costs 0.2-0.3 s for those programs: an
+executable called fewer times loses more to the compile than it could gain.
+A decode step of a 32-token ``generate()`` reaches it in the fourth call."""
 
 
 def applies(platform: Any, xla_flags: str, single_device: bool) -> bool:
