@@ -345,8 +345,7 @@ def compile_stablehlo(
         if chooses:
             choice = STATE.schedule_choices.get(chosen_key.digest)
             if choice is None:
-                options, _ = _xla_options(module, mesh, replica_ids, tunes_reductions)
-                choice = ScheduleChoice(module, platform, devices, options, isolate, disk_cache, chosen_key)
+                choice = ScheduleChoice(module, platform, devices, tunes_reductions, isolate, disk_cache, chosen_key)
                 STATE.schedule_choices[chosen_key.digest] = choice
     loaded, source, digest = found
     stats = CompileStats(
@@ -409,13 +408,13 @@ class ScheduleChoice:
         module: Union[bytes, str],
         platform: Platform,
         devices: Any,
-        options: Any,
+        tunes_reductions: bool,
         isolate: bool,
         disk_cache: Optional[CacheDir],
         key: CacheKey,
     ) -> None:
         self._module, self._platform, self._devices = module, platform, devices
-        self._options, self._isolate, self._disk_cache, self._key = options, isolate, disk_cache, key
+        self._tunes_reductions, self._isolate, self._disk_cache, self._key = tunes_reductions, isolate, disk_cache, key
         self._lock = threading.Lock()
         self._kept: Optional[Any] = None
         self.words: Optional[str] = None
@@ -434,9 +433,10 @@ class ScheduleChoice:
     def _choose(self, default: Any) -> Any:
         started = time.perf_counter()
         with report.stage("xla"):
+            options, _ = _xla_options(self._module, None, (), self._tunes_reductions)  # one device: no mesh
             try:
                 alternative, serialized = compile_and_load(
-                    self._platform, self._module, self._devices, xla_schedule.memory_optimized(self._options),
+                    self._platform, self._module, self._devices, xla_schedule.memory_optimized(options),
                     isolate=self._isolate,
                 )
                 keep, self.words = xla_schedule.kept_schedule(default, alternative)
@@ -449,6 +449,7 @@ class ScheduleChoice:
             _store(self._disk_cache, self._key, self._module, kept, blob, self._platform, time.perf_counter() - started)
         for record in self.records:
             record.xla_schedule = self.words
+        self._module = None  # made once: the module need not stay in memory
         log.info(
             "tpu_inductor: executable %s ran %d times: XLA:CPU schedule %s",
             self._key.digest, xla_schedule.HOT_CALLS, self.words,
