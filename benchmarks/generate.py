@@ -562,10 +562,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     meta = {**environment(), "seconds": time.time() - started, "load_average": [load_start, os.getloadavg()[0]],
             "prompt_lengths": PROMPT_LENGTHS, "new_tokens": NEW_TOKENS, "device": DEVICE, "size": SIZES[SIZE]}
     if args.update and out.exists():
+        previous = json.loads(out.read_text())
         redone = {(r["arch"], r["mode"]) for r in rows}
-        kept = [r for r in json.loads(out.read_text())["rows"] if (r["arch"], r["mode"]) not in redone]
+        kept = [r for r in previous["rows"] if (r["arch"], r["mode"]) not in redone]
         order = {key: i for i, key in enumerate((a, m) for a in ARCHITECTURES for m in MODES)}
         rows = sorted(kept + rows, key=lambda r: order.get((r["arch"], r["mode"]), len(order)))
+        # The kept rows are the earlier run's: its meta stays, and this run is noted as an update of it.
+        update = {**meta, "rows": [f"{arch}:{mode}" for arch, mode in sorted(redone)]}
+        meta = {**previous["meta"], "updates": [*previous["meta"].get("updates", []), update]}
     write_json(out, {"meta": meta, "rows": rows})
     text = table(rows)
     print("\n" + text)
