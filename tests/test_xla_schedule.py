@@ -61,6 +61,27 @@ def test_the_choice_is_kept_in_the_cache_for_the_next_process(tmp_path):
     assert report.current().cache_misses() == {}
 
 
+def _elementwise(x):
+    return torch.relu(x) * 2 + 1
+
+
+def test_a_kept_default_runs_in_the_next_process(tmp_path):
+    # Both schedules need the same memory: the default is kept, and stored
+    # under the chosen key from its own entry's bytes (a loaded executable
+    # serialized again lacks its functions, and failed in the next process).
+    options = {"cache": True, "cache_dir": str(tmp_path), "strict": True}
+    x = torch.randn(64, 64)
+    for _ in range(2):  # the second time as a new process, from disk
+        STATE.reset()
+        torch._dynamo.reset()
+        report.reset()
+        compiled = torch.compile(_elementwise, backend="tpu", options=options)
+        for _ in range(xla_schedule.HOT_CALLS):
+            torch.testing.assert_close(compiled(x), _elementwise(x), rtol=0, atol=0)
+    (island,) = report.current().islands()
+    assert island.compile_source == "disk" and island.xla_schedule is None
+
+
 def test_the_option_turns_the_choice_off():
     (island,) = _compiled_islands(48, calls=xla_schedule.HOT_CALLS, choose_xla_schedule=False)
     assert island.compile_source == "xla" and island.xla_schedule is None

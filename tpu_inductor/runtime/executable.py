@@ -345,7 +345,7 @@ def compile_stablehlo(
         if chooses:
             choice = STATE.schedule_choices.get(chosen_key.digest)
             if choice is None:
-                choice = ScheduleChoice(module, platform, devices, tunes_reductions, isolate, disk_cache, chosen_key)
+                choice = ScheduleChoice(module, platform, devices, tunes_reductions, isolate, disk_cache, chosen_key, key)
                 STATE.schedule_choices[chosen_key.digest] = choice
     loaded, source, digest = found
     stats = CompileStats(
@@ -412,9 +412,11 @@ class ScheduleChoice:
         isolate: bool,
         disk_cache: Optional[CacheDir],
         key: CacheKey,
+        default_key: CacheKey,
     ) -> None:
         self._module, self._platform, self._devices = module, platform, devices
         self._tunes_reductions, self._isolate, self._disk_cache, self._key = tunes_reductions, isolate, disk_cache, key
+        self._default_key = default_key
         self._lock = threading.Lock()
         self._kept: Optional[Any] = None
         self.words: Optional[str] = None
@@ -443,9 +445,9 @@ class ScheduleChoice:
             except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
                 log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s)", exc)
                 keep, self.words = False, "default (the memory-optimized schedule did not compile)"
-        kept, blob = (alternative, serialized) if keep else (default, None)
+        kept, blob = (alternative, serialized) if keep else (default, self._default_bytes())
         STATE.executables[self._key.digest] = kept
-        if self._disk_cache is not None:
+        if self._disk_cache is not None and (keep or blob is not None):
             _store(self._disk_cache, self._key, self._module, kept, blob, self._platform, time.perf_counter() - started)
         for record in self.records:
             record.xla_schedule = self.words
@@ -455,6 +457,15 @@ class ScheduleChoice:
             self._key.digest, xla_schedule.HOT_CALLS, self.words,
         )
         return kept
+
+    def _default_bytes(self) -> Optional[bytes]:
+        """The default executable as XLA serialized it, from its own cache entry.
+        Not ``serialize_executable`` of the loaded one: an executable loaded
+        from bytes (the helper's, or the disk's) serializes without its
+        functions ("Function ... not found" when the copy runs)."""
+        if self._disk_cache is None:
+            return None
+        return self._disk_cache.load("executables", self._default_key, lambda files: files["executable.bin"]).value
 
 
 def _store(
