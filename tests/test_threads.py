@@ -166,3 +166,30 @@ def test_an_optimizer_step_run_in_place_releases_the_workers_after_it(monkeypatc
         step()
     in_place = [g for g in report.current().graphs if any(k.op == "in-place update graph" for k in g.eager_kernels)]
     assert in_place and len(released) == sum(g.executions for g in in_place)
+
+
+def test_a_dynamic_graph_pads_its_inputs_on_the_calling_thread(monkeypatch):
+    """Zero-extending an input to its bucket is a copy, no faster on more
+    threads, and the workers it would start spin beside the island that
+    follows (perf.py's dynamic MLP: 238-280 -> 153 ms a pass)."""
+    counts = []
+    set_num_threads = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (counts.append(n), set_num_threads(n)))
+    weight = torch.randn(256, 256)
+
+    def f(x):
+        return torch.relu(x @ weight)
+
+    before = torch.get_num_threads()
+    set_num_threads(2)
+    try:
+        compiled = torch.compile(f, backend="tpu", dynamic=True, options={"cache": False})
+        for rows in (7, 100, 300):  # 100 and 300 rows are padded past PARALLEL_GRAIN elements
+            x = torch.randn(rows, 256)
+            counts.clear()
+            # Sums of 256 products, blocked otherwise than eager's: a few ulps apart.
+            torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-4)
+            assert counts[:2] == [1, 2] and torch.get_num_threads() == 2, (rows, counts)
+    finally:
+        set_num_threads(before)
+    assert report.current().dynamic_graphs
