@@ -26,13 +26,17 @@ from tpu_inductor.runtime import result_shards
 from tpu_inductor.runtime.threads import on_calling_thread
 from tpu_inductor.analysis.padding_safety import expr_of
 
-_zero_extended = on_calling_thread(torch.constant_pad_nd)
-"""Padding runs on the calling thread alone. A copy gains nothing from a
-second thread (33x1024 floats to 64 rows: 10.6 us on two threads, 11.2 on
-one), and the OpenMP workers it would start spin on the cores the island
-right after it runs on: perf.py's dynamic MLP (batch sizes 1..64, warm)
-took 238-280 ms a pass with them, 153 ms without (a padded batch of 33 ran
-3.7-4.8 ms, the unpadded 64 in the same bucket 2.8-3.3)."""
+
+@on_calling_thread
+def _zero_extended(tensor: torch.Tensor, widths: list[int]) -> torch.Tensor:
+    """``tensor`` zero-extended by ``widths`` (``constant_pad_nd``'s), on the
+    calling thread alone. A copy gains nothing from a second thread (33x1024
+    floats to 64 rows: 10.6 us on two threads, 11.2 on one), and the OpenMP
+    workers it would start spin on the cores the island right after it runs
+    on: perf.py's dynamic MLP (batch sizes 1..64, warm) took 238-280 ms a pass
+    with them, 148-153 ms without (a padded batch of 33 ran 3.7-4.8 ms, the
+    unpadded 64 in the same bucket 2.8-3.3)."""
+    return torch.constant_pad_nd(tensor, widths, 0)
 
 
 class ShapeBinding:
@@ -169,7 +173,7 @@ class ShapeBinding:
             widths: list[int] = []
             for dim in reversed(range(tensor.dim())):
                 widths += [0, extra.get(dim, 0)]
-            padded[index] = _zero_extended(tensor, widths, 0)
+            padded[index] = _zero_extended(tensor, widths)
             if keeping:
                 kept.keep(index, tensor, padded[index])
         for index in self._padded_scalars:
