@@ -15,6 +15,8 @@ import tpu_inductor.report as report
 from tpu_inductor.placement.kernel_choice import KernelChooser
 from tpu_inductor.process_state import STATE
 
+from new_process import fresh_process
+
 
 class ConvBlock(torch.nn.Module):
     def __init__(self) -> None:
@@ -234,9 +236,7 @@ def test_the_portable_bundle_carries_the_timings(timings, tmp_path, monkeypatch)
 
     monkeypatch.setenv("TPU_INDUCTOR_CACHE_DIR", str(tmp_path / "b"))
     torch.compiler.load_cache_artifacts(blob)
-    STATE.reset()
-    torch._dynamo.reset()
-    report.reset()
+    fresh_process()
     _run({}, x)
     assert len(timings["measured"]) == 1
     assert [k.op for k in _measured_choices(_graph())] == ["convolution_pointwise_channels_last"]

@@ -23,6 +23,8 @@ from tpu_inductor.errors import ConfigError
 from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime.mesh import Mesh, parse_mesh
 
+from new_process import fresh_process
+
 DATA4 = {"mesh": {"data": 4}, "strict": True}
 # One float32 ulp of the losses here is ~1e-7; partial sums add in another
 # order on each device count, so a few ulps apart.
@@ -353,9 +355,7 @@ def test_a_mesh_executable_comes_back_from_the_disk_cache(tmp_path):
     STATE.reset()  # nothing from earlier tests in memory: the first compile stores its executable
     with torch.no_grad():
         first = torch.compile(model, backend="tpu", options=options)(x)
-        STATE.reset()
-        torch._dynamo.reset()
-        report.reset()
+        fresh_process()
         second = torch.compile(model, backend="tpu", options=options)(x)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     (island,) = graph("inference").islands

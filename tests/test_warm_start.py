@@ -28,6 +28,8 @@ from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import torch_cache
 from tpu_inductor.runtime.disk_cache import MANIFEST, CacheDir
 
+from new_process import fresh_process
+
 
 class MLP(nn.Module):
     def __init__(self) -> None:
@@ -36,12 +38,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
-
-
-def fresh_process() -> None:
-    torch._dynamo.reset()
-    STATE.reset()
-    report.reset()
 
 
 def train_step(cache_dir: Path, batch: int = 8, dtype: torch.dtype = torch.float32, **options) -> report.Report:

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import tpu_inductor.report as report
-from tpu_inductor.process_state import STATE
 from tpu_inductor.runtime import xla_schedule
+
+from new_process import fresh_process
 
 
 def _scaled_chain(x, weights, scales):
@@ -52,9 +53,7 @@ def test_the_choice_is_kept_in_the_cache_for_the_next_process(tmp_path):
     options = {"cache": True, "cache_dir": str(tmp_path)}
     (island,) = _compiled_islands(56, calls=xla_schedule.HOT_CALLS, **options)
     assert island.compile_source == "xla" and island.xla_schedule.startswith("memory-optimized")
-    STATE.reset()  # as a new process
-    torch._dynamo.reset()
-    report.reset()
+    fresh_process()
     (island,) = _compiled_islands(56, calls=xla_schedule.HOT_CALLS + 1, **options)
     # The kept executable, from disk: nothing left to choose, no compile.
     assert island.compile_source == "disk" and island.xla_schedule is None
@@ -72,9 +71,7 @@ def test_a_kept_default_runs_in_the_next_process(tmp_path):
     options = {"cache": True, "cache_dir": str(tmp_path), "strict": True}
     x = torch.randn(64, 64)
     for _ in range(2):  # the second time as a new process, from disk
-        STATE.reset()
-        torch._dynamo.reset()
-        report.reset()
+        fresh_process()
         compiled = torch.compile(_elementwise, backend="tpu", options=options)
         for _ in range(xla_schedule.HOT_CALLS):
             torch.testing.assert_close(compiled(x), _elementwise(x), rtol=0, atol=0)
