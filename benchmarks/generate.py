@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -297,9 +298,11 @@ def serve_generator(
     synchronize()
     first = {"first_call": time.perf_counter() - started,
              "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
-    # Past the 100th decode step, where tpu picks XLA:CPU's schedule for the
-    # decode step's executable (runtime/xla_schedule.py): steady state is after it.
-    for _ in range(3):
+    # Past the decode step's HOT_CALLS-th call, where tpu picks XLA:CPU's
+    # schedule for its executable (runtime/xla_schedule.py): steady state is after it.
+    from tpu_inductor.runtime.xla_schedule import HOT_CALLS
+
+    for _ in range(math.ceil(HOT_CALLS / NEW_TOKENS) - 1):  # NEW_TOKENS decode steps each
         generate(ids, mask, NEW_TOKENS + 1)
     generate(ids, mask, 1)
 

@@ -171,6 +171,7 @@ import torch._functorch.config  # noqa: E402
 import torch._inductor.config  # noqa: E402
 
 from tpu_inductor.process_state import STATE  # noqa: E402
+from tpu_inductor.runtime.xla_schedule import HOT_CALLS  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.paired_rounds import (  # noqa: E402
@@ -214,10 +215,10 @@ WORKLOADS = (
     "overhead", "mlp", "decoder", "decode", "cnn", "mobilenet", "mlp_frozen", "cnn_frozen", "train", "dynamic"
 )
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
-WARMUP_CALLS = 100
+WARMUP_CALLS = HOT_CALLS
 """Calls before timing, every path alike: past the call where the tpu backend
-picks XLA:CPU's schedule for a hot executable (runtime/xla_schedule.py,
-``HOT_CALLS``), which compiles once more; a user's steady state is after it."""
+picks XLA:CPU's schedule for a hot executable (runtime/xla_schedule.py),
+which compiles once more; a user's steady state is after it."""
 
 
 # --------------------------------------------------------------------- measuring
