@@ -21,6 +21,8 @@ def fresh_compile_state(request, monkeypatch, tmp_path_factory):
     torch._dynamo.reset()
     tpu_inductor.report.reset()
     yield
+    # A schedule choice still compiling would report into the next test.
+    tpu_inductor.wait_for_background_compiles()
     torch._dynamo.reset()
     # The backend runs a graph eagerly when something escapes its retry loops,
     # so that a user's call never fails for it: in tests that is a bug of ours.

@@ -4,13 +4,17 @@ never changes a result."""
 
 from __future__ import annotations
 
+import os
+import threading
 import types
 
 import pytest
 import torch
 
+import tpu_inductor
 import tpu_inductor.report as report
-from tpu_inductor.runtime import xla_schedule
+from tpu_inductor.lowering import pipeline_worker, pipelines
+from tpu_inductor.runtime import executable, xla_schedule
 
 from new_process import fresh_process
 
@@ -45,13 +49,46 @@ def test_the_schedule_that_needs_less_memory_is_kept_once_the_executable_is_hot(
     assert island.compile_source == "xla" and island.xla_schedule is None  # not chosen yet: one compile
     xla_seconds = report.current().stage_seconds["xla"]
     (island,) = _compiled_islands(64)  # the same graph's 100th call
+    assert tpu_inductor.wait_for_background_compiles(timeout=120)
     assert island.xla_schedule is not None and island.xla_schedule.startswith("memory-optimized")
     assert report.current().stage_seconds["xla"] > xla_seconds  # the second compile, in the report's XLA time
+    _compiled_islands(64)  # the executable kept runs, with the same numbers
+
+
+def test_the_hot_call_does_not_wait_for_the_second_compile(monkeypatch):
+    # The choice's compile is held until released: calls go on meanwhile
+    # (a hot call that waited for it would wait here for the timeout, and
+    # find the choice made).
+    release = threading.Event()
+    compile_and_load = executable.compile_and_load
+
+    def held_off_the_main_thread(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(timeout=30)
+        return compile_and_load(*args, **kwargs)
+
+    monkeypatch.setattr(executable, "compile_and_load", held_off_the_main_thread)
+    (island,) = _compiled_islands(72, calls=xla_schedule.HOT_CALLS + 20)
+    assert island.compile_source == "xla" and island.xla_schedule is None  # the default ran on
+    release.set()
+    assert tpu_inductor.wait_for_background_compiles(timeout=120)
+    assert island.xla_schedule.startswith("memory-optimized")
+    _compiled_islands(72)  # the executable kept runs, with the same numbers
+
+
+def test_the_second_compile_runs_in_a_helper_of_lower_priority():
+    _compiled_islands(80, calls=xla_schedule.HOT_CALLS)
+    assert tpu_inductor.wait_for_background_compiles(timeout=120)
+    helper = pipelines._BACKGROUND_WORKER._process
+    assert helper is not None and helper.poll() is None
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, helper.pid) == min(19, ours + pipeline_worker.BACKGROUND_NICENESS)
 
 
 def test_the_choice_is_kept_in_the_cache_for_the_next_process(tmp_path):
     options = {"cache": True, "cache_dir": str(tmp_path)}
     (island,) = _compiled_islands(56, calls=xla_schedule.HOT_CALLS, **options)
+    assert tpu_inductor.wait_for_background_compiles(timeout=120)
     assert island.compile_source == "xla" and island.xla_schedule.startswith("memory-optimized")
     fresh_process()
     (island,) = _compiled_islands(56, calls=xla_schedule.HOT_CALLS + 1, **options)

@@ -64,9 +64,12 @@ _STDERR_TAIL = 4000
 
 
 class _Worker:
-    """One helper process, started on first use and again after a crash."""
+    """One helper process, started on first use and again after a crash;
+    ``background``: the one for compiles no call waits for
+    (pipeline_worker.py's ``--background``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, background: bool = False) -> None:
+        self._arguments = ["--background"] if background else []
         self._lock = threading.Lock()
         self._process: Optional[subprocess.Popen] = None
         self._stderr: Any = None
@@ -82,7 +85,7 @@ class _Worker:
             environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 filter(None, [_PACKAGE_PARENT, os.environ.get("PYTHONPATH")])))
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "tpu_inductor.lowering.pipeline_worker"],
+                [sys.executable, "-m", "tpu_inductor.lowering.pipeline_worker", *self._arguments],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=environment,
             )
         return self._process
@@ -135,6 +138,12 @@ def _how_it_ended(process: subprocess.Popen) -> str:
 _WORKER = _Worker()
 atexit.register(_WORKER.stop)
 
+# Compiles beside the user's program (runtime/executable.py's
+# ScheduleChoice): at a lower priority, and never ahead of a lowering that a
+# call waits for in the helper above.
+_BACKGROUND_WORKER = _Worker(background=True)
+atexit.register(_BACKGROUND_WORKER.stop)
+
 
 def start_worker() -> None:
     """Start the helper now, so it is ready by the first lowering."""
@@ -147,10 +156,11 @@ def last_words(crashed: dict, doing: str) -> list[str]:
     return [line for line in crashed["stderr"].splitlines() if line.strip()]
 
 
-def run_in_helper(request: dict) -> dict:
+def run_in_helper(request: dict, background: bool = False) -> dict:
     """The helper's reply to ``request``, or ``{"crashed": <how>, "stderr": <its last words>}``
-    (the next request starts a new helper)."""
-    return _WORKER.run(request)
+    (the next request starts a new helper); ``background``: a request nothing
+    waits for, served by a second helper at a lower priority."""
+    return (_BACKGROUND_WORKER if background else _WORKER).run(request)
 
 
 def to_stablehlo(

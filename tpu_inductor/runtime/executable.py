@@ -11,6 +11,7 @@ lowering and runtime source, so editing that code never reuses stale output.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import hashlib
@@ -113,10 +114,19 @@ class DeviceExecutable:
 
     def _call_counting_to_the_choice(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """The first :data:`xla_schedule.HOT_CALLS` calls; the last of them
-        waits for the schedule choice and runs the executable kept."""
+        starts the schedule choice, which compiles in the background."""
         self._calls_before_choice -= 1
         if self._calls_before_choice <= 0:
-            self._loaded = self._schedule_choice.kept(self._loaded)
+            self._schedule_choice.begin(self._loaded)
+            self.run = self._call_until_chosen
+        return self._steady_run(*tensors)
+
+    def _call_until_chosen(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Calls while the choice compiles: the default executable runs, and
+        the first call after the choice is made takes the executable kept."""
+        kept = self._schedule_choice.made
+        if kept is not None:
+            self._loaded = kept
             self.run = self._steady_run
         return self._steady_run(*tensors)
 
@@ -401,7 +411,15 @@ class ScheduleChoice:
     later compile of the module, here or in another process, takes it at
     once. Shared by every executable of the module in this process (a
     model's identical layers): the first to be hot chooses, the others take
-    its choice."""
+    its choice.
+
+    The choice compiles on a thread of its own (:meth:`begin`) while the
+    default executable keeps running: made in the hot call itself, it
+    stalled that call for the compile (the quickstart's 100th call took 420
+    ms, its others 4). On the CPU client XLA compiles in a helper process of
+    lower priority (lowering/pipelines.py), so the thread mostly waits on a
+    pipe, without the GIL, and the compile takes the cores the program
+    leaves idle."""
 
     def __init__(
         self,
@@ -418,19 +436,42 @@ class ScheduleChoice:
         self._tunes_reductions, self._isolate, self._disk_cache, self._key = tunes_reductions, isolate, disk_cache, key
         self._default_key = default_key
         self._lock = threading.Lock()
-        self._kept: Optional[Any] = None
+        self._thread: Optional[threading.Thread] = None
+        self.made: Optional[Any] = None
+        """The executable to run from now on, once chosen: the default
+        schedule's executable of the module or the memory-optimized one."""
         self.words: Optional[str] = None
         """The report's words for the choice, once made."""
         self.records: list[report.IslandRecord] = []
         """Islands whose ``xla_schedule`` the choice fills in."""
 
-    def kept(self, default: Any) -> Any:
-        """The executable to run from now on, ``default`` (the default
-        schedule's executable of the module) or the memory-optimized one."""
-        with self._lock:  # two threads at their hot call: one compiles
-            if self._kept is None:
-                self._kept = self._choose(default)
-            return self._kept
+    def begin(self, default: Any) -> None:
+        """Start choosing between ``default`` (the default schedule's
+        executable of the module) and the memory-optimized one, in the
+        background; a later call does nothing."""
+        with self._lock:  # two executables of the module hot at once: one thread
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._choose_in_background, args=(default,), name="tpu_inductor-xla-schedule", daemon=True
+            )
+            self._thread.start()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait for a choice begun to be made; whether none is still compiling."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
+    def _choose_in_background(self, default: Any) -> None:
+        try:
+            self.made = self._choose(default)
+        except Exception:  # noqa: BLE001 - the choice is an optimisation: a failure keeps the default running
+            log.warning("tpu_inductor: choosing XLA:CPU's schedule for %s failed; the default stays",
+                        self._key.digest, exc_info=True)
+            self.words = "default (the choice failed: see the log)"
+            self.made = default
 
     def _choose(self, default: Any) -> Any:
         started = time.perf_counter()
@@ -439,7 +480,7 @@ class ScheduleChoice:
             try:
                 alternative, serialized = compile_and_load(
                     self._platform, self._module, self._devices, xla_schedule.memory_optimized(options),
-                    isolate=self._isolate,
+                    isolate=self._isolate, background=True,
                 )
                 keep, self.words = xla_schedule.kept_schedule(default, alternative)
             except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
@@ -466,6 +507,18 @@ class ScheduleChoice:
         if self._disk_cache is None:
             return None
         return self._disk_cache.load("executables", self._default_key, lambda files: files["executable.bin"]).value
+
+
+def wait_for_schedule_choices(timeout: Optional[float] = None) -> bool:
+    """Wait for the schedule choices compiling in the background (each for
+    at most ``timeout`` seconds); whether none is still compiling."""
+    return all([choice.wait(timeout) for choice in list(STATE.schedule_choices.values())])
+
+
+# A compile still running at exit is finished, not abandoned: it is stored
+# for the next process, and a daemon thread inside jaxlib while the
+# interpreter shuts down is not safe.
+atexit.register(wait_for_schedule_choices, 60.0)
 
 
 def _store(

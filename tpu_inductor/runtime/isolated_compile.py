@@ -40,10 +40,12 @@ def isolatable(platform: Any) -> bool:
 
 
 def compile_and_load(
-    platform: Any, module: Any, devices: Any, options: Any, *, isolate: bool
+    platform: Any, module: Any, devices: Any, options: Any, *, isolate: bool, background: bool = False
 ) -> tuple[Any, Optional[bytes]]:
     """``platform.client.compile_and_load(module, devices, options)``, done in
-    the helper process when ``isolate`` and the platform allows it; with the
+    the helper process when ``isolate`` and the platform allows it (the
+    background helper, at a lower priority, for a compile that no call waits
+    for: ``background``); with the
     serialized executable the helper made (None when compiled here), which is
     what the disk cache keeps: a loaded copy of it serialized again lacks its
     functions on a mesh ("Function ... not found" when run)."""
@@ -59,7 +61,7 @@ def compile_and_load(
         "device_ids": [device.id for device in devices],
         "num_devices": len(platform.client.devices()),
         "threads": platform.xla_threads,
-    })
+    }, background=background)
     if "crashed" in reply:
         said = last_words(reply, "XLA compiled an island")
         raise XlaCompileError(

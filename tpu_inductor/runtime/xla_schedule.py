@@ -27,7 +27,8 @@ of two (1.04x, against 0.89x inside the model), and it measured up to 25%
 between two compiles that need the same memory.
 
 The second compile waits until the executable has run :data:`HOT_CALLS`
-times (runtime/executable.py, ``ScheduleChoice``): a first call with both
+times, and then runs in the background while the default executable keeps
+running (runtime/executable.py, ``ScheduleChoice``): a first call with both
 compiles took 1.12-1.18 s for perf.py's decoder against 0.85-0.97 s with
 one, and an executable called a few times (a script, a test, a prefill) never
 earns back a second compile. The disk cache keeps the default executable
@@ -63,8 +64,8 @@ slower."""
 
 
 HOT_CALLS = 100
-"""Calls of an executable after which its schedule is chosen (one call then
-waits for the second compile). The choice saves 10-15% of a call where it
+"""Calls of an executable after which its schedule is chosen (the second
+compile, in the background, takes CPU time beside the program's calls). The choice saves 10-15% of a call where it
 changes anything (the decode step: 27 us of 175; MobileNet-style: 0.6 ms of
 5.7), and the second compile costs 0.2-0.3 s for those programs: an
 executable called fewer times loses more to the compile than it could gain.
