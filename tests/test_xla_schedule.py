@@ -15,6 +15,7 @@ import tpu_inductor
 import tpu_inductor.report as report
 from tpu_inductor.lowering import pipeline_worker, pipelines
 from tpu_inductor.runtime import executable, xla_schedule
+from tpu_inductor.runtime.isolated_compile import XlaCompileError
 
 from new_process import fresh_process
 
@@ -83,6 +84,29 @@ def test_the_second_compile_runs_in_a_helper_of_lower_priority():
     assert helper is not None and helper.poll() is None
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     assert os.getpriority(os.PRIO_PROCESS, helper.pid) == min(19, ours + pipeline_worker.BACKGROUND_NICENESS)
+
+
+def test_a_choice_cut_short_at_exit_is_not_stored(tmp_path, monkeypatch):
+    # At exit the background helper is killed mid-compile: the choice must
+    # not then store the default as chosen, or the next process would never choose.
+    helper_stopped = threading.Event()
+    compile_and_load = executable.compile_and_load
+
+    def ended_with_its_helper(*args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            return compile_and_load(*args, **kwargs)
+        helper_stopped.wait(timeout=30)
+        raise XlaCompileError("XLA's compiler crashed (the helper process killed by SIGKILL)")
+
+    monkeypatch.setattr(executable, "compile_and_load", ended_with_its_helper)
+    monkeypatch.setattr(pipelines, "stop_background_helper", helper_stopped.set)
+    monkeypatch.setattr(executable, "_EXITING", threading.Event())
+    options = {"cache": True, "cache_dir": str(tmp_path)}
+    (island,) = _compiled_islands(88, calls=xla_schedule.HOT_CALLS, **options)
+    executable._end_schedule_choices()  # what exit runs
+    assert island.xla_schedule is None
+    entries = [entry for entry in (tmp_path / "executables").iterdir() if not entry.name.startswith(".")]
+    assert len(entries) == 1  # the default's, stored at its compile; nothing under the chosen key
 
 
 def test_the_choice_is_kept_in_the_cache_for_the_next_process(tmp_path):

@@ -70,6 +70,7 @@ class _Worker:
 
     def __init__(self, background: bool = False) -> None:
         self._arguments = ["--background"] if background else []
+        self._stopped_now = False
         self._lock = threading.Lock()
         self._process: Optional[subprocess.Popen] = None
         self._stderr: Any = None
@@ -101,6 +102,8 @@ class _Worker:
                 reply = None
             if reply is not None:
                 return reply
+            if self._stopped_now:  # our doing, not a crash to warn of
+                return {"error": "the helper was stopped as the program ends"}
             return {"crashed": _how_it_ended(process), "stderr": self._last_words()}
 
     def _last_words(self) -> str:
@@ -109,9 +112,14 @@ class _Worker:
         self._stderr.seek(max(0, size - _STDERR_TAIL))
         return self._stderr.read().decode(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:
+        """End the helper once its request is done, or ``now``, in the middle of it."""
         process = self._process
-        if process is not None and process.poll() is None:
+        if process is not None and process.poll() is None and now:
+            self._stopped_now = True
+            process.kill()
+            process.wait()
+        elif process is not None and process.poll() is None:
             process.stdin.close()  # the worker ends at end of input
             try:
                 process.wait(timeout=5)
@@ -143,6 +151,11 @@ atexit.register(_WORKER.stop)
 # call waits for in the helper above.
 _BACKGROUND_WORKER = _Worker(background=True)
 atexit.register(_BACKGROUND_WORKER.stop)
+
+
+def stop_background_helper() -> None:
+    """End the background helper now, a compile it is running included."""
+    _BACKGROUND_WORKER.stop(now=True)
 
 
 def start_worker() -> None:

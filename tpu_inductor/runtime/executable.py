@@ -450,7 +450,7 @@ class ScheduleChoice:
         executable of the module) and the memory-optimized one, in the
         background; a later call does nothing."""
         with self._lock:  # two executables of the module hot at once: one thread
-            if self._thread is not None:
+            if self._thread is not None or _EXITING.is_set():
                 return
             self._thread = threading.Thread(
                 target=self._choose_in_background, args=(default,), name="tpu_inductor-xla-schedule", daemon=True
@@ -484,6 +484,8 @@ class ScheduleChoice:
                 )
                 keep, self.words = xla_schedule.kept_schedule(default, alternative)
             except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
+                if _EXITING.is_set():  # cut short: no choice was made, none is stored
+                    return default
                 log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s)", exc)
                 keep, self.words = False, "default (the memory-optimized schedule did not compile)"
         kept, blob = (alternative, serialized) if keep else (default, self._default_bytes())
@@ -515,10 +517,24 @@ def wait_for_schedule_choices(timeout: Optional[float] = None) -> bool:
     return all([choice.wait(timeout) for choice in list(STATE.schedule_choices.values())])
 
 
-# A compile still running at exit is finished, not abandoned: it is stored
-# for the next process, and a daemon thread inside jaxlib while the
-# interpreter shuts down is not safe.
-atexit.register(wait_for_schedule_choices, 60.0)
+_EXITING = threading.Event()
+"""Set at exit: a choice whose compile is cut short then is dropped, not stored."""
+
+
+def _end_schedule_choices() -> None:
+    """At exit, a choice still compiling is dropped (the next process makes it
+    again) rather than waited for: its helper is stopped, and its thread ends.
+    A compile in this process (``isolate_lowering=False``) cannot be cut
+    short, and a daemon thread inside jaxlib at shutdown is not safe: that
+    one is waited for."""
+    _EXITING.set()
+    from tpu_inductor.lowering.pipelines import stop_background_helper
+
+    stop_background_helper()
+    wait_for_schedule_choices(60.0)
+
+
+atexit.register(_end_schedule_choices)
 
 
 def _store(
