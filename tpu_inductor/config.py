@@ -79,7 +79,8 @@ class Config:
     clearly less temporary memory: programs of many small steps (a decode
     step, a MobileNet) run 10-15% faster so (runtime/xla_schedule.py). Costs
     a second XLA compile, begun at the 100th call on a thread of its own
-    while the calls go on; the disk cache keeps the one chosen. Ignored where ``XLA_FLAGS`` names a scheduler.
+    while the calls go on; the disk cache keeps the one chosen. Ignored
+    where ``XLA_FLAGS`` names a scheduler.
     Env: ``TPU_INDUCTOR_CHOOSE_XLA_SCHEDULE``."""
 
     fallback_random: bool = False

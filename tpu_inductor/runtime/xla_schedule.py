@@ -65,9 +65,10 @@ slower."""
 
 HOT_CALLS = 100
 """Calls of an executable after which its schedule is chosen (the second
-compile, in the background, takes CPU time beside the program's calls). The choice saves 10-15% of a call where it
-changes anything (the decode step: 27 us of 175; MobileNet-style: 0.6 ms of
-5.7), and the second compile costs 0.2-0.3 s for those programs: an
+compile, in the background, takes CPU time beside the program's calls).
+The choice saves 10-15% of a call where it changes anything (the decode
+step: 27 us of 175; MobileNet-style: 0.6 ms of 5.7), and the second compile
+costs 0.2-0.3 s for those programs: an
 executable called fewer times loses more to the compile than it could gain.
 A decode step of a 32-token ``generate()`` reaches it in the fourth call."""
 
