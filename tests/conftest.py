@@ -22,7 +22,7 @@ def fresh_compile_state(request, monkeypatch, tmp_path_factory):
     tpu_inductor.report.reset()
     yield
     # A schedule choice still compiling would report into the next test.
-    tpu_inductor.wait_for_background_compiles()
+    assert tpu_inductor.wait_for_background_compiles(timeout=300), "a background compile did not finish in 5 minutes"
     torch._dynamo.reset()
     # The backend runs a graph eagerly when something escapes its retry loops,
     # so that a user's call never fails for it: in tests that is a bug of ours.
