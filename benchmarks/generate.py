@@ -300,14 +300,13 @@ def serve_generator(
              "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs}
     # Past the decode step's HOT_CALLS-th call, where tpu starts choosing
     # XLA:CPU's schedule for its executable in the background
-    # (runtime/xla_schedule.py): steady state is after the choice is taken up.
+    # (runtime/xla_schedule.py): steady state is after the choice is made.
     import tpu_inductor
     from tpu_inductor.runtime.xla_schedule import HOT_CALLS
 
     for _ in range(math.ceil(HOT_CALLS / NEW_TOKENS) - 1):  # NEW_TOKENS decode steps each
         generate(ids, mask, NEW_TOKENS + 1)
     tpu_inductor.wait_for_background_compiles()
-    generate(ids, mask, 2)  # a decode step, which takes up the executable kept
     generate(ids, mask, 1)
 
     def timed(new_tokens: int) -> float:

@@ -250,7 +250,7 @@ def warm_up(call: Call) -> tuple[float, np.ndarray, np.ndarray]:
     for _ in range(WARMUP_CALLS):
         call()
     tpu_inductor.wait_for_background_compiles()  # the schedule choice begun at the last call
-    last_output = as_numpy(call())  # the first call that runs the executable kept
+    last_output = as_numpy(call())  # from the executable kept
     return first_call, first_output, last_output
 
 

@@ -60,8 +60,6 @@ def paired_timings(eager, compiled, *args, rounds: int = 15, calls: int = 10) ->
             fn(*args)
     # That schedule's compile runs beside the program; time after it.
     tpu_inductor.wait_for_background_compiles()
-    for fn in (eager, compiled):
-        fn(*args)
     eager_times, compiled_times = [], []
     for round_index in range(rounds):
         pair = [(eager, eager_times), (compiled, compiled_times)]

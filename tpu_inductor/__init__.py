@@ -17,9 +17,9 @@ __all__ = ["__version__", "explain", "report", "shard", "shards", "tpu_backend",
 def wait_for_background_compiles(timeout: Optional[float] = None) -> bool:
     """Wait for the compiles that run beside your program: on the CPU client,
     an island compiled once more at its 100th call with XLA:CPU's other
-    scheduler (runtime/xla_schedule.py), which the next call after it takes
-    up. For benchmarks: time after this, and one more call. Returns whether
-    none is still running (each is waited for up to ``timeout`` seconds)."""
+    scheduler (runtime/xla_schedule.py), which the island then runs. For
+    benchmarks: time after this. Returns whether none is still running
+    (each is waited for up to ``timeout`` seconds)."""
     executable = sys.modules.get("tpu_inductor.runtime.executable")
     return executable is None or executable.wait_for_schedule_choices(timeout)
 

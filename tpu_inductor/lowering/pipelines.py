@@ -115,11 +115,13 @@ class _Worker:
     def stop(self, now: bool = False) -> None:
         """End the helper once its request is done, or ``now``, in the middle of it."""
         process = self._process
-        if process is not None and process.poll() is None and now:
+        if process is None or process.poll() is not None:
+            return
+        if now:
             self._stopped_now = True
             process.kill()
             process.wait()
-        elif process is not None and process.poll() is None:
+        else:
             process.stdin.close()  # the worker ends at end of input
             try:
                 process.wait(timeout=5)

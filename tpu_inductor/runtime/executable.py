@@ -18,6 +18,7 @@ import hashlib
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -108,27 +109,26 @@ class DeviceExecutable:
             self._calls_before_choice = xla_schedule.HOT_CALLS
             self._steady_run = self.run
             self.run = self._call_counting_to_the_choice
+            schedule_choice.serve(self)
 
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         return self.run(*tensors)
 
     def _call_counting_to_the_choice(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """The first :data:`xla_schedule.HOT_CALLS` calls; the last of them
-        starts the schedule choice, which compiles in the background."""
+        starts the schedule choice, which compiles in the background and
+        hands this executable the one kept (:meth:`take`)."""
         self._calls_before_choice -= 1
         if self._calls_before_choice <= 0:
             self._schedule_choice.begin(self._loaded)
-            self.run = self._call_until_chosen
-        return self._steady_run(*tensors)
-
-    def _call_until_chosen(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        """Calls while the choice compiles: the default executable runs, and
-        the first call after the choice is made takes the executable kept."""
-        kept = self._schedule_choice.made
-        if kept is not None:
-            self._loaded = kept
             self.run = self._steady_run
         return self._steady_run(*tensors)
+
+    def take(self, kept: Any) -> None:
+        """Run ``kept`` (this module's executable with the schedule chosen)
+        from the next call on; called from the choice's thread."""
+        self._loaded = kept
+        self.run = self._steady_run
 
     def _call_through_transfers(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         platform, resident = self._platform, self._resident
@@ -414,7 +414,8 @@ class ScheduleChoice:
     its choice.
 
     The choice compiles on a thread of its own (:meth:`begin`) while the
-    default executable keeps running: made in the hot call itself, it
+    default executable keeps running, and hands the one kept to every
+    executable of the module (:meth:`serve`): made in the hot call itself, it
     stalled that call for the compile (the quickstart's 100th call took 420
     ms, its others 4). On the CPU client XLA compiles in a helper process of
     lower priority (lowering/pipelines.py), so the thread mostly waits on a
@@ -437,9 +438,8 @@ class ScheduleChoice:
         self._default_key = default_key
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
-        self.made: Optional[Any] = None
-        """The executable to run from now on, once chosen: the default
-        schedule's executable of the module or the memory-optimized one."""
+        self._kept: Optional[Any] = None
+        self._served: "weakref.WeakSet[DeviceExecutable]" = weakref.WeakSet()
         self.words: Optional[str] = None
         """The report's words for the choice, once made."""
         self.records: list[report.IslandRecord] = []
@@ -457,6 +457,14 @@ class ScheduleChoice:
             )
             self._thread.start()
 
+    def serve(self, executable: DeviceExecutable) -> None:
+        """Hand ``executable`` (of this module) the executable kept, once chosen: now, if it is."""
+        with self._lock:
+            self._served.add(executable)
+            kept = self._kept
+        if kept is not None:
+            executable.take(kept)
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait for a choice begun to be made; whether none is still compiling."""
         thread = self._thread
@@ -466,12 +474,17 @@ class ScheduleChoice:
 
     def _choose_in_background(self, default: Any) -> None:
         try:
-            self.made = self._choose(default)
+            kept = self._choose(default)
         except Exception:  # noqa: BLE001 - the choice is an optimisation: a failure keeps the default running
             log.warning("tpu_inductor: choosing XLA:CPU's schedule for %s failed; the default stays",
                         self._key.digest, exc_info=True)
             self.words = "default (the choice failed: see the log)"
-            self.made = default
+            kept = default
+        with self._lock:  # an executable served from now on takes it in serve()
+            self._kept = kept
+            served = list(self._served)
+        for executable in served:
+            executable.take(kept)
 
     def _choose(self, default: Any) -> Any:
         started = time.perf_counter()
