@@ -44,14 +44,28 @@ from benchmarks.sweep_workers import (  # noqa: F401  (re-exported for the sweep
 # ---------------------------------------------------------------- in the worker
 
 
+TORCH_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+"""PyTorch's cache directory, read at each use: AOTAutograd's cache there
+keeps the backend's traced graphs (tpu_inductor/aot_cache.py), and our
+options do not reach it."""
+
+
 @contextlib.contextmanager
 def fresh_cache_dir() -> Iterator[str]:
-    """A new, empty ``cache_dir`` for one compiled run, removed afterwards."""
+    """A new, empty ``cache_dir`` for one compiled run, removed afterwards;
+    PyTorch's cache directory points into it meanwhile, so that no level of the
+    cache (AOTAutograd's traced graphs included) is hit from another run."""
     root = os.environ.get(SCRATCH_ENV) or None
     path = tempfile.mkdtemp(prefix="cache-", dir=root)
+    torch_cache_before = os.environ.get(TORCH_CACHE_ENV)
+    os.environ[TORCH_CACHE_ENV] = os.path.join(path, "torch")
     try:
         yield path
     finally:
+        if torch_cache_before is None:
+            os.environ.pop(TORCH_CACHE_ENV, None)
+        else:
+            os.environ[TORCH_CACHE_ENV] = torch_cache_before
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -280,6 +294,7 @@ def worker_env(scratch: Path, args: Any = None) -> dict:
     env[EAGER_KERNELS_ENV] = "1" if getattr(args, "eager_kernels", False) else "0"
     env[SCRATCH_ENV] = str(scratch)
     env["TPU_INDUCTOR_CACHE_DIR"] = str(scratch / "default-cache")
+    env[TORCH_CACHE_ENV] = str(scratch / "torch-cache")
     env.pop("TPU_INDUCTOR_REPORT_DIR", None)
     if crash_at:
         env[CRASH_ENV] = ",".join(crash_at)
