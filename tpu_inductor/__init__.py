@@ -19,7 +19,7 @@ def wait_for_background_compiles(timeout: Optional[float] = None) -> bool:
     an island compiled once more at its 100th call with XLA:CPU's other
     scheduler (runtime/xla_schedule.py), which the island then runs. For
     benchmarks: time after this. Returns whether none is still running
-    (each is waited for up to ``timeout`` seconds)."""
+    after at most ``timeout`` seconds in all."""
     executable = sys.modules.get("tpu_inductor.runtime.executable")
     return executable is None or executable.wait_for_schedule_choices(timeout)
 

@@ -174,6 +174,10 @@ class Report:
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     """Compile time per stage (self time: a nested stage's time is not counted
     in its parent); ``dynamo`` is filled in from Dynamo's own timers."""
+    background_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Compile time per stage that ran beside the program, which no call waited
+    for (``xla``: XLA:CPU's schedule choice, runtime/xla_schedule.py); not in
+    ``stage_seconds`` nor in the compile total."""
     repros: list[ReproRecord] = dataclasses.field(default_factory=list)
     recompile_limit_hits: int = 0
     """Times Dynamo met ``torch._dynamo.config.recompile_limit`` since the
@@ -309,6 +313,14 @@ def within_trace(trace: Optional["TraceRecord"]) -> Iterator[None]:
 def _add_seconds(name: str, seconds: float) -> None:
     with _lock:
         _current.stage_seconds[name] = _current.stage_seconds.get(name, 0.0) + seconds
+
+
+def add_background_seconds(into: Report, name: str, seconds: float) -> None:
+    """Count ``seconds`` of compile stage ``name`` that ran beside the program
+    in ``into``: the record current when that work began, which a
+    :func:`reset` since does not change."""
+    with _lock:
+        into.background_seconds[name] = into.background_seconds.get(name, 0.0) + seconds
 
 
 @contextlib.contextmanager

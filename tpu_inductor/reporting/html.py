@@ -142,6 +142,8 @@ def render(report: record.Report, title: str = "tpu_inductor report") -> str:
             _card("nodes in eager", len(report.fallbacks()), warn=bool(fallbacks)),
             _card("cache hits / misses", f"{report.cache_hits()} / {misses}"),
             _card("compile time", f"{sum(seconds.values()):.2f} s"),
+            _card("compiled beside the program", f"{sum(report.background_seconds.values()):.2f} s")
+            if report.background_seconds else "",
         ]
     )
     sections = [

@@ -178,6 +178,11 @@ def summarize(report: record.Report) -> str:
             "Compile time: "
             + ", ".join(f"{STAGE_LABELS.get(s, s)} {v:.2f} s" for s, v in ordered_stages(seconds))
         )
+    if report.background_seconds:
+        lines.append(
+            "Compiled beside the program, no call waiting (XLA:CPU's schedule choice): "
+            + ", ".join(f"{STAGE_LABELS.get(s, s)} {v:.2f} s" for s, v in ordered_stages(report.background_seconds))
+        )
     _section(
         lines,
         "Graphs:",

@@ -452,8 +452,10 @@ class ScheduleChoice:
         with self._lock:  # two executables of the module hot at once: one thread
             if self._thread is not None or _EXITING.is_set():
                 return
+            # Its compile seconds go to the record current now, whatever resets it meanwhile.
             self._thread = threading.Thread(
-                target=self._choose_in_background, args=(default,), name="tpu_inductor-xla-schedule", daemon=True
+                target=self._choose_in_background, args=(default, report.current()), name="tpu_inductor-xla-schedule",
+                daemon=True,
             )
             self._thread.start()
 
@@ -472,9 +474,9 @@ class ScheduleChoice:
             thread.join(timeout)
         return thread is None or not thread.is_alive()
 
-    def _choose_in_background(self, default: Any) -> None:
+    def _choose_in_background(self, default: Any, record: report.Report) -> None:
         try:
-            kept = self._choose(default)
+            kept = self._choose(default, record)
         except Exception:  # noqa: BLE001 - the choice is an optimisation: a failure keeps the default running
             log.warning("tpu_inductor: choosing XLA:CPU's schedule for %s failed; the default stays",
                         self._key.digest, exc_info=True)
@@ -486,21 +488,23 @@ class ScheduleChoice:
         for executable in served:
             executable.take(kept)
 
-    def _choose(self, default: Any) -> Any:
+    def _choose(self, default: Any, record: report.Report) -> Any:
         started = time.perf_counter()
-        with report.stage("xla"):
-            options, _ = _xla_options(self._module, None, (), self._tunes_reductions)  # one device: no mesh
-            try:
-                alternative, serialized = compile_and_load(
-                    self._platform, self._module, self._devices, xla_schedule.memory_optimized(options),
-                    isolate=self._isolate, background=True,
-                )
-                keep, self.words = xla_schedule.kept_schedule(default, alternative)
-            except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
-                if _EXITING.is_set():  # cut short: no choice was made, none is stored
-                    return default
-                log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s)", exc)
-                keep, self.words = False, "default (the memory-optimized schedule did not compile)"
+        options, _ = _xla_options(self._module, None, (), self._tunes_reductions)  # one device: no mesh
+        try:
+            alternative, serialized = compile_and_load(
+                self._platform, self._module, self._devices, xla_schedule.memory_optimized(options),
+                isolate=self._isolate, background=True,
+            )
+            keep, self.words = xla_schedule.kept_schedule(default, alternative)
+        except (XlaCompileError, RuntimeError) as exc:  # the default compiled: keep it
+            if _EXITING.is_set():  # cut short: no choice was made, none is stored
+                return default
+            log.debug("tpu_inductor: the memory-optimized schedule did not compile (%s)", exc)
+            keep, self.words = False, "default (the memory-optimized schedule did not compile)"
+        finally:
+            # Beside the program: not compile time that a call waited for.
+            report.add_background_seconds(record, "xla", time.perf_counter() - started)
         kept, blob = (alternative, serialized) if keep else (default, self._default_bytes())
         STATE.executables[self._key.digest] = kept
         if self._disk_cache is not None and (keep or blob is not None):
@@ -525,9 +529,14 @@ class ScheduleChoice:
 
 
 def wait_for_schedule_choices(timeout: Optional[float] = None) -> bool:
-    """Wait for the schedule choices compiling in the background (each for
-    at most ``timeout`` seconds); whether none is still compiling."""
-    return all([choice.wait(timeout) for choice in list(STATE.schedule_choices.values())])
+    """Wait for the schedule choices compiling in the background, at most
+    ``timeout`` seconds in all; whether none is still compiling."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left() -> Optional[float]:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    return all([choice.wait(left()) for choice in list(STATE.schedule_choices.values())])
 
 
 _EXITING = threading.Event()
@@ -538,8 +547,8 @@ def _end_schedule_choices() -> None:
     """At exit, a choice still compiling is dropped (the next process makes it
     again) rather than waited for: its helper is stopped, and its thread ends.
     A compile in this process (``isolate_lowering=False``) cannot be cut
-    short, and a daemon thread inside jaxlib at shutdown is not safe: that
-    one is waited for."""
+    short, and a daemon thread inside jaxlib at shutdown is not safe: those
+    are waited for, a minute in all at most."""
     _EXITING.set()
     from tpu_inductor.lowering.pipelines import stop_background_helper
 
