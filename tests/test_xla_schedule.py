@@ -14,7 +14,7 @@ import torch
 import tpu_inductor
 import tpu_inductor.report as report
 from tpu_inductor.lowering import pipeline_worker, pipelines
-from tpu_inductor.runtime import executable, xla_schedule
+from tpu_inductor.runtime import schedule_choice, xla_schedule
 from tpu_inductor.runtime.isolated_compile import XlaCompileError
 
 from new_process import fresh_process
@@ -46,16 +46,15 @@ def _compiled_islands(width: int, calls: int = 1, **options):
 
 
 def _hold_background_compiles(monkeypatch) -> threading.Event:
-    """Compiles off the main thread (the schedule choice's) wait until the event returned is set."""
+    """The schedule choice's compiles wait until the event returned is set."""
     release = threading.Event()
-    compile_and_load = executable.compile_and_load
+    compile_and_load = schedule_choice.compile_and_load
 
-    def held_off_the_main_thread(*args, **kwargs):
-        if threading.current_thread() is not threading.main_thread():
-            release.wait(timeout=30)
+    def held(*args, **kwargs):
+        release.wait(timeout=30)
         return compile_and_load(*args, **kwargs)
 
-    monkeypatch.setattr(executable, "compile_and_load", held_off_the_main_thread)
+    monkeypatch.setattr(schedule_choice, "compile_and_load", held)
     return release
 
 
@@ -110,20 +109,17 @@ def test_a_choice_cut_short_at_exit_is_not_stored(tmp_path, monkeypatch):
     # At exit the background helper is killed mid-compile: the choice must
     # not then store the default as chosen, or the next process would never choose.
     helper_stopped = threading.Event()
-    compile_and_load = executable.compile_and_load
 
     def ended_with_its_helper(*args, **kwargs):
-        if threading.current_thread() is threading.main_thread():
-            return compile_and_load(*args, **kwargs)
         helper_stopped.wait(timeout=30)
         raise XlaCompileError("XLA's compiler crashed (the helper process killed by SIGKILL)")
 
-    monkeypatch.setattr(executable, "compile_and_load", ended_with_its_helper)
+    monkeypatch.setattr(schedule_choice, "compile_and_load", ended_with_its_helper)
     monkeypatch.setattr(pipelines, "stop_background_helper", helper_stopped.set)
-    monkeypatch.setattr(executable, "_EXITING", threading.Event())
+    monkeypatch.setattr(schedule_choice, "_EXITING", threading.Event())
     options = {"cache": True, "cache_dir": str(tmp_path)}
     (island,) = _compiled_islands(88, calls=xla_schedule.HOT_CALLS, **options)
-    executable._end_schedule_choices()  # what exit runs
+    schedule_choice._end_schedule_choices()  # what exit runs
     assert island.xla_schedule is None
     entries = [entry for entry in (tmp_path / "executables").iterdir() if not entry.name.startswith(".")]
     assert len(entries) == 1  # the default's, stored at its compile; nothing under the chosen key

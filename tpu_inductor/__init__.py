@@ -20,8 +20,8 @@ def wait_for_background_compiles(timeout: Optional[float] = None) -> bool:
     scheduler (runtime/xla_schedule.py), which the island then runs. For
     benchmarks: time after this. Returns whether none is still running
     after at most ``timeout`` seconds in all."""
-    executable = sys.modules.get("tpu_inductor.runtime.executable")
-    return executable is None or executable.wait_for_schedule_choices(timeout)
+    choices = sys.modules.get("tpu_inductor.runtime.schedule_choice")  # imported with the first choice
+    return choices is None or choices.wait_for_schedule_choices(timeout)
 
 
 def __getattr__(name: str):
