@@ -148,7 +148,7 @@ def _how_it_ended(process: subprocess.Popen) -> str:
 _WORKER = _Worker()
 atexit.register(_WORKER.stop)
 
-# Compiles beside the user's program (runtime/executable.py's
+# Compiles beside the user's program (runtime/schedule_choice.py's
 # ScheduleChoice): at a lower priority, and never ahead of a lowering that a
 # call waits for in the helper above.
 _BACKGROUND_WORKER = _Worker(background=True)

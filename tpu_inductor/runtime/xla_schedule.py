@@ -28,7 +28,7 @@ between two compiles that need the same memory.
 
 The second compile waits until the executable has run :data:`HOT_CALLS`
 times, and then runs in the background while the default executable keeps
-running (runtime/executable.py, ``ScheduleChoice``): a first call with both
+running (runtime/schedule_choice.py, ``ScheduleChoice``): a first call with both
 compiles took 1.12-1.18 s for perf.py's decoder against 0.85-0.97 s with
 one, and an executable called a few times (a script, a test, a prefill) never
 earns back a second compile. The disk cache keeps the default executable
