@@ -349,7 +349,9 @@ def compile_stablehlo(
                 options, short_reduction = xla_compile_options(module, mesh, replica_ids, tunes_reductions)
                 loaded, serialized = compile_and_load(platform, module, devices, options, isolate=isolate)
             if disk_cache is not None:
-                store_executable(disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started)
+                store_executable(
+                    disk_cache, key, module, loaded, serialized, platform, time.perf_counter() - compile_started
+                )
             STATE.executables[key.digest] = loaded
             found = (loaded, "xla", key.digest)
         if chooses:

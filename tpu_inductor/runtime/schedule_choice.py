@@ -99,9 +99,9 @@ class ScheduleChoice:
             thread.join(timeout)
         return thread is None or not thread.is_alive()
 
-    def _choose_in_background(self, default: Any, record: report.Report) -> None:
+    def _choose_in_background(self, default: Any, into: report.Report) -> None:
         try:
-            kept = self._choose(default, record)
+            kept = self._choose(default, into)
         except Exception:  # noqa: BLE001 - the choice is an optimisation: a failure keeps the default running
             log.warning("tpu_inductor: choosing XLA:CPU's schedule for %s failed; the default stays",
                         self._key.digest, exc_info=True)
@@ -113,7 +113,8 @@ class ScheduleChoice:
         for executable in served:
             executable.take(kept)
 
-    def _choose(self, default: Any, record: report.Report) -> Any:
+    def _choose(self, default: Any, into: report.Report) -> Any:
+        """The executable kept; its compile seconds are counted in ``into``."""
         started = time.perf_counter()
         options, _ = xla_compile_options(self._module, None, (), self._tunes_reductions)  # one device: no mesh
         try:
@@ -129,11 +130,13 @@ class ScheduleChoice:
             keep, self.words = False, "default (the memory-optimized schedule did not compile)"
         finally:
             # Beside the program: not compile time that a call waited for.
-            report.add_background_seconds(record, "xla", time.perf_counter() - started)
+            report.add_background_seconds(into, "xla", time.perf_counter() - started)
         kept, blob = (alternative, serialized) if keep else (default, self._default_bytes())
         STATE.executables[self._key.digest] = kept
         if self._disk_cache is not None and (keep or blob is not None):
-            store_executable(self._disk_cache, self._key, self._module, kept, blob, self._platform, time.perf_counter() - started)
+            store_executable(
+                self._disk_cache, self._key, self._module, kept, blob, self._platform, time.perf_counter() - started
+            )
         for record in self.records:
             record.xla_schedule = self.words
         self._module = None  # made once: the module need not stay in memory
