@@ -1,7 +1,7 @@
 """Run PyTorch's whole OpInfo database through backend="tpu" and compare with eager.
 
-For every OpInfo entry and dtype (float32 by default; bfloat16 and int64 on
-request) every usable sample (``--samples N``: the first N) runs in eager and
+For every OpInfo entry and dtype (float32 by default; bfloat16, int64 and
+complex64 on request) every usable sample (``--samples N``: the first N) runs in eager and
 compiled, each compiled run with a fresh ``cache_dir``; the script prints
 pass %, mismatches, backend errors, crashes and the % of ops that ran fully
 lowered (no eager fallback), and writes the per-op results as JSON.
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import sweep_common as common  # noqa: E402
 
-DTYPES = ("float32", "bfloat16", "int64")
+DTYPES = ("float32", "bfloat16", "int64", "complex64")
 # Worst first: an op's outcome is that of its worst sample.
 RANDOM_PROBE_SEEDS = (1, 2, 3)
 """Seeds eager runs a sample under besides 0 to see whether it draws random

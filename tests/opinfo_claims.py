@@ -10,6 +10,8 @@ import torch
 # whose output is uninitialized memory are never claimed.
 
 FLOAT32_OPS = (
+    # complex results as float32 parts (passes/complex_as_real_pairs.py).
+    'cdouble', 'cfloat', 'chalf', 'complex', 'polar', 'view_as_complex',
     # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
@@ -278,6 +280,7 @@ NO_ISLAND_FOR = {
     ("long", torch.int64): "all",
     ("bfloat16", torch.bfloat16): "all",
     ("nan_to_num", torch.int64): "all",
+    ("view_as_complex", torch.float32): "all",
     ("__getitem__"): {1},
     ("cartesian_prod"): {0},
 }
@@ -349,5 +352,72 @@ FAST_BFLOAT16 = frozenset(
         "nn.functional.rms_norm", "nn.functional.scaled_dot_product_attention",
         "nn.functional.silu", "pow", "rsqrt", "sigmoid", "sin", "softmax", "sqrt", "sub",
         "sum", "tanh", "to", "var_mean", "where",
+    }
+)
+
+# complex64: each op's complex values run as float32 parts
+# (passes/complex_as_real_pairs.py). From the sweep
+# `python benchmarks/opinfo_sweep.py --dtypes complex64 --samples 2`.
+COMPLEX64_OPS = (
+    'H', 'T', '__getitem__', '__radd__', '__rdiv__', '__rmatmul__', '__rmul__', '__rsub__',
+    '_chunk_cat', '_unsafe_masked_index', 'abs', 'add', 'addcdiv', 'addcmul', 'addmm',
+    'addmm.decomposed', 'addr', 'alias_copy', 'angle', 'arange', 'as_strided',
+    'as_strided.partial_views', 'atleast_1d', 'atleast_2d', 'atleast_3d', 'baddbmm', 'bfloat16',
+    'block_diag', 'bmm', 'bmm.triton_optimized', 'bool', 'broadcast_shapes',
+    'broadcast_tensors', 'broadcast_to', 'byte', 'cartesian_prod', 'cat', 'cdouble', 'cfloat',
+    'chalf', 'char', 'clone', 'column_stack', 'conj', 'conj_physical', 'constant_pad_nd',
+    'contiguous', 'cross', 'cumprod', 'cumsum', 'cumulative_trapezoid', 'diag', 'diag_embed',
+    'diagflat', 'diagonal', 'diagonal_copy', 'div.no_rounding_mode', 'dot', 'double', 'dsplit',
+    'dstack', 'einsum', 'exp', 'expand', 'expand_as', 'expand_copy', 'fft.fftshift',
+    'fft.ifftshift', 'fill', 'flatten', 'flip', 'fliplr', 'flipud', 'float', 'full',
+    'full_like', 'gather', 'gradient', 'half', 'hsplit', 'hstack', 'imag', 'index_select',
+    'inner', 'int', 'isfinite', 'isreal', 'kron', 'lerp', 'linalg.cross', 'linalg.diagonal',
+    'linalg.matrix_norm', 'linalg.multi_dot', 'linalg.norm', 'linalg.norm.subgradients_at_zero',
+    'linalg.solve_triangular', 'linalg.vander', 'linalg.vector_norm', 'linspace',
+    'linspace.tensor_overload', 'log', 'log_softmax.with_dtype', 'logsumexp', 'long', 'mH',
+    'mT', 'masked.cumprod', 'masked.cumsum', 'masked.logsumexp', 'masked.mean', 'masked.sum',
+    'masked.var', 'masked_fill', 'matmul', 'mean', 'meshgrid.list_of_tensors',
+    'meshgrid.variadic_tensors', 'mm', 'movedim', 'mul', 'mv', 'narrow', 'neg', 'new_full',
+    'new_ones', 'new_zeros', 'nn.functional.adaptive_avg_pool3d', 'nn.functional.batch_norm',
+    'nn.functional.batch_norm.without_cudnn', 'nn.functional.channel_shuffle',
+    'nn.functional.conv1d', 'nn.functional.conv2d', 'nn.functional.conv3d',
+    'nn.functional.conv_transpose1d', 'nn.functional.conv_transpose2d',
+    'nn.functional.conv_transpose3d', 'nn.functional.l1_loss', 'nn.functional.linear',
+    'nn.functional.local_response_norm', 'nn.functional.normalize',
+    'nn.functional.pad.constant', 'nn.functional.pad.reflect', 'nn.functional.pad.replicate',
+    'nn.functional.pad.replicate_negative', 'nn.functional.pixel_shuffle',
+    'nn.functional.pixel_unshuffle', 'nn.functional.smooth_l1_loss',
+    'nn.functional.softmin.with_dtype', 'nn.functional.softsign', 'norm', 'norm.fro',
+    'norm.inf', 'ones', 'ones_like', 'outer', 'permute', 'positive', 'ravel', 'real',
+    'reciprocal', 'renorm', 'repeat', 'repeat_interleave', 'reshape', 'reshape_as',
+    'resolve_conj', 'resolve_neg', 'rot90', 'rsub', 'scalar_tensor', 'scatter_reduce.sum',
+    'select', 'select_scatter', 'sgn', 'short', 'slice', 'softmax.with_dtype', 'square',
+    'squeeze', 'squeeze_copy', 'stack', 'sub', 'sum', 'sum_to_size', 't', 't_copy', 'take',
+    'take_along_dim', 'tensordot', 'tile', 'to', 'trace', 'transpose', 'transpose_copy',
+    'trapezoid', 'trapz', 'tril', 'triu', 'true_divide', 'unbind', 'unflatten', 'unfold',
+    'unfold_copy', 'unsqueeze', 'unsqueeze_copy', 'view', 'view_as', 'view_as_real', 'vsplit',
+    'vstack', 'where', 'zero_', 'zeros', 'zeros_like',
+)
+# Ops whose complex graph is only views of its inputs (crossings, run eagerly
+# without a copy) or 0-d arithmetic: no island is expected.
+NO_ISLAND_COMPLEX64 = frozenset(
+    {
+        'H', 'T', '__getitem__', 'as_strided', 'atleast_1d', 'atleast_2d', 'atleast_3d',
+        'broadcast_shapes', 'broadcast_tensors', 'broadcast_to', 'cartesian_prod', 'cfloat',
+        'conj', 'conj_physical', 'contiguous', 'dsplit', 'expand', 'expand_as', 'flatten',
+        'hsplit', 'imag', 'mH', 'mT', 'meshgrid.list_of_tensors', 'meshgrid.variadic_tensors',
+        'movedim', 'narrow', 'nn.functional.local_response_norm', 'permute', 'positive',
+        'ravel', 'real', 'reshape', 'reshape_as', 'resolve_conj', 'resolve_neg', 'select',
+        'slice', 'squeeze', 't', 'transpose', 'unbind', 'unflatten', 'unsqueeze', 'view',
+        'view_as', 'view_as_real', 'vsplit',
+    }
+)
+FAST_COMPLEX64 = frozenset(
+    {
+        'abs', 'add', 'angle', 'bmm', 'cat', 'conj_physical', 'constant_pad_nd', 'cumsum',
+        'div.no_rounding_mode', 'einsum', 'exp', 'flip', 'full_like', 'gather', 'imag',
+        'index_select', 'linalg.vector_norm', 'log', 'matmul', 'mean', 'mm', 'mul', 'neg',
+        'nn.functional.linear', 'real', 'reciprocal', 'select', 'sgn', 'square', 'stack', 'sub',
+        'sum', 'transpose', 'view', 'view_as_real', 'where',
     }
 )

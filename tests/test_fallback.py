@@ -40,7 +40,7 @@ def many_fallbacks(a):
     b = a.sin()
     c = torch.special.i0(b) * 2
     d = torch.special.i0(c.cos()) + b
-    e = torch.fft.rfft(d).abs()  # complex: FFT and abs of complex run eagerly
+    e = torch.fft.rfft(d).abs()  # the FFT runs eagerly; abs of its complex result on the device
     return e.exp().sum() + a.sum()
 
 
@@ -49,7 +49,7 @@ def many_fallbacks(a):
     [
         (one_fallback, ["aten.i0.default"]),
         (two_fallbacks, ["aten.i0.default"] * 2),
-        (many_fallbacks, ["aten.i0.default"] * 2 + ["aten._fft_r2c.default", "aten.abs.default"]),
+        (many_fallbacks, ["aten.i0.default"] * 2 + ["aten._fft_r2c.default"]),
     ],
 )
 def test_forward_matches_eager_with_at_most_k_plus_1_islands(fn, expected_fallbacks):

@@ -25,12 +25,15 @@ import torch
 
 from opinfo_claims import (
     BFLOAT16_OPS,
+    COMPLEX64_OPS,
     FAST_BFLOAT16,
+    FAST_COMPLEX64,
     FAST_FLOAT32,
     FAST_INT64,
     FLOAT32_OPS,
     INT64_OPS,
     NO_ISLAND,
+    NO_ISLAND_COMPLEX64,
     NO_ISLAND_FOR,
 )
 from torch_versions import TORCH
@@ -61,10 +64,12 @@ OPTIONS = {"strict": True, "cache": False, "eager_kernels": False}
 #  bfloat16: one bf16 ulp is 2**-8 (~3.9e-3 relative); XLA may round
 #    intermediates to bf16 at different points than ATen (which computes most
 #    bf16 ops in float32 and rounds once), so allow a few ulp.
+#  complex64: each part is float32 arithmetic (passes/complex_as_real_pairs.py).
 #  float16/float64 only appear as explicit casts in samples; torch's defaults.
 #  Integers and bool: exact.
 TOLERANCES = {
     torch.float32: (1e-4, 1e-5),
+    torch.complex64: (1e-4, 1e-5),
     torch.bfloat16: (3e-2, 3e-2),
     torch.float16: (1e-3, 1e-5),
     torch.float64: (1e-7, 1e-7),
@@ -88,13 +93,15 @@ def _tensor_leaves(sample) -> list[torch.Tensor]:
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
-def _usable(sample) -> bool:
-    """Dense, non-complex tensors only (the device has no sparse or complex dtypes),
-    and not only 0-d ones: scalar-only arithmetic runs eagerly by design (a PJRT
-    call costs more than it saves), so such a sample would test nothing here."""
+def _usable(sample, complex_allowed: bool = False) -> bool:
+    """Dense tensors only (the device has no sparse dtypes), complex ones only
+    in a complex sweep (``complex_allowed``: elsewhere a sample's complex tensor
+    would test passes/complex_as_real_pairs.py instead of the op), and not only
+    0-d ones: scalar-only arithmetic runs eagerly by design (a PJRT call costs
+    more than it saves), so such a sample would test nothing here."""
     tensors = _tensor_leaves(sample)
     for t in tensors:
-        if t.layout != torch.strided or t.is_complex() or t.is_quantized:
+        if t.layout != torch.strided or (t.is_complex() and not complex_allowed) or t.is_quantized:
             return False
     return not tensors or any(t.dim() > 0 for t in tensors)
 
@@ -136,7 +143,7 @@ def samples(op, dtype: torch.dtype, count: int = SAMPLES_PER_OP) -> Iterator[Any
         for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
             if len(found) >= count:
                 break
-            if not _usable(sample):
+            if not _usable(sample, complex_allowed=dtype.is_complex):
                 continue
             try:
                 _eager(op, sample)
@@ -182,7 +189,7 @@ def assert_matches(actual: Any, expected: Any) -> None:
     assert got_spec == want_spec, f"output structure {got_spec} != eager's {want_spec}"
     for index, (a, e) in enumerate(zip(got, want)):
         dtype = e.dtype if isinstance(e, torch.Tensor) else torch.float32
-        exact = not (dtype.is_floating_point and isinstance(e, (torch.Tensor, float)))
+        exact = not ((dtype.is_floating_point or dtype.is_complex) and isinstance(e, (torch.Tensor, float, complex)))
         # Float dtypes without a tolerance of ours (float16, float8) get torch's defaults.
         rtol, atol = (0.0, 0.0) if exact else TOLERANCES.get(dtype, (None, None))
         torch.testing.assert_close(
@@ -203,6 +210,8 @@ def _params(claimed: tuple[str, ...], fast: frozenset[str]) -> list:
 
 def _island_expected(name: str, dtype: torch.dtype, index: int) -> bool:
     if name in NO_ISLAND or NO_ISLAND_FOR.get((name, dtype)) == "all":
+        return False
+    if dtype == torch.complex64 and name in NO_ISLAND_COMPLEX64:
         return False
     return index not in NO_ISLAND_FOR.get((name), ())
 
@@ -249,6 +258,12 @@ def test_op_bfloat16(name):
     check_op(name, torch.bfloat16)
 
 
+@pytest.mark.parametrize("name", _params(COMPLEX64_OPS, FAST_COMPLEX64))
+def test_op_complex64(name):
+    """Complex values run as their float32 parts (passes/complex_as_real_pairs.py)."""
+    check_op(name, torch.complex64)
+
+
 # The harness itself ----------------------------------------------------------
 
 
@@ -259,11 +274,12 @@ def test_claims_name_real_opinfos():
         (FLOAT32_OPS, FAST_FLOAT32),
         (INT64_OPS, FAST_INT64),
         (BFLOAT16_OPS, FAST_BFLOAT16),
+        (COMPLEX64_OPS, FAST_COMPLEX64),
     ):
         assert len(set(claimed)) == len(claimed)
         assert set(claimed) <= set(known), set(claimed) - set(known)
         assert fast <= set(claimed), fast - set(claimed)
-    assert not {n for n in FLOAT32_OPS + INT64_OPS + BFLOAT16_OPS if "dropout" in n} - {
+    assert not {n for n in FLOAT32_OPS + INT64_OPS + BFLOAT16_OPS + COMPLEX64_OPS if "dropout" in n} - {
         "native_dropout_backward"
     }
 

@@ -50,7 +50,6 @@ from tpu_inductor.placement.support import SupportTable
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import hooks
 from tpu_inductor.runtime import (
-    DeviceExecutable,
     Platform,
     compile_stablehlo,
     get_platform,

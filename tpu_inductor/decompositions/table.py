@@ -21,7 +21,6 @@ from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
 from tpu_inductor.decompositions.exact_values import EXACT_VALUE_DECOMPOSITIONS
 from tpu_inductor.decompositions.grouped_matmul import grouped_matmul_decompositions
-from tpu_inductor.passes.mask_index_put_as_where import MASK_INDEX_PUT_DECOMPOSITIONS
 from tpu_inductor.decompositions.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
 from tpu_inductor.decompositions.module_fast_paths import FAST_PATH_DECOMPOSITIONS
 from tpu_inductor.decompositions.nan_extremes import NAN_EXTREME_DECOMPOSITIONS
@@ -400,6 +399,11 @@ def decomposition_table(keep_attention: bool = False) -> dict[torch._ops.Operato
 def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.OperatorBase, Callable]:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
+    # Imported here, not at the top: the passes package imports this module
+    # (its attention passes read CPU_FLASH_ATTENTION), so importing this
+    # module before the package failed on the cycle.
+    from tpu_inductor.passes.mask_index_put_as_where import MASK_INDEX_PUT_DECOMPOSITIONS
+
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(EXACT_VALUE_DECOMPOSITIONS)
@@ -421,4 +425,40 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
         for op in ATTENTION_OPS:
             table.pop(op, None)
     # None: a PyTorch decomposition this torch does not have (torch_api.pytorch_decomposition).
-    return {op: decomposition for op, decomposition in table.items() if decomposition is not None}
+    return {op: _kept_whole_where_complex_is_refused(op, d) for op, d in table.items() if d is not None}
+
+
+REFUSES_COMPLEX = frozenset({aten.nan_to_num.default, aten.bernoulli.default})
+"""Ops whose PyTorch decomposition refuses a complex input, kept whole for
+one before it is tried: ``nan_to_num`` calls ``isneginf``, which raises (and
+FakeTensor logs the refusal as an error on its way out); ``bernoulli``
+compares with ``lt``, which traces but has no complex kernel to run."""
+
+
+def _kept_whole_where_complex_is_refused(op: torch._ops.OperatorBase, decomposition: Callable) -> Callable:
+    """``decomposition``, except that where it refuses a complex input the op
+    is kept whole, as with no entry: it then runs eagerly (or is rewritten by
+    passes/complex_as_real_pairs.py) instead of failing the user's compile.
+    Other errors still raise."""
+
+    def has_complex(args: tuple, kwargs: dict) -> bool:
+        values = [*args, *kwargs.values()]
+        values += [item for value in values if isinstance(value, (list, tuple)) for item in value]
+        return any(isinstance(value, torch.Tensor) and value.is_complex() for value in values)
+
+    if op in REFUSES_COMPLEX:
+
+        def decompose(*args, **kwargs):
+            return NotImplemented if has_complex(args, kwargs) else decomposition(*args, **kwargs)
+
+    else:
+
+        def decompose(*args, **kwargs):
+            try:
+                return decomposition(*args, **kwargs)
+            except RuntimeError:
+                if has_complex(args, kwargs):
+                    return NotImplemented
+                raise
+
+    return functools.wraps(decomposition)(decompose)

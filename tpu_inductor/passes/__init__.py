@@ -16,6 +16,7 @@ from torch.fx.passes.graph_transform_observer import GraphTransformObserver
 from tpu_inductor.passes.as_strided_as_gather import as_strided_as_gather
 from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
+from tpu_inductor.passes.complex_as_real_pairs import complex_as_real_pairs
 from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.empty_slices_at_the_end import empty_slices_at_the_end
@@ -39,6 +40,9 @@ PIPELINE: tuple[GraphPass, ...] = (
     clamp_slice_bounds,
     empty_slices_at_the_end,
     as_strided_as_gather,
+    # After the rewrites that make complex fills (empty, scalar_tensor) and
+    # gathers (as_strided), which it then rewrites in turn.
+    complex_as_real_pairs,
     pad_into_convolution,
     remove_dead_code,
 )

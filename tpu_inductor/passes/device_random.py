@@ -210,7 +210,12 @@ def _replaceable(node: torch.fx.Node) -> bool:
         return False  # a size that is a graph value (a symbolic factory size): not traced here
     val = node.meta.get("val")
     outputs = val if isinstance(val, (tuple, list)) else (val,)
-    return all(isinstance(v, torch.Tensor) for v in outputs)
+    if not all(isinstance(v, torch.Tensor) for v in outputs):
+        return False
+    # A complex draw or probability (its draw is defined by torch's kernels,
+    # and the replacements compare and scale real values) keeps torch's generator.
+    values = [*outputs, *(a.meta.get("val") for a in node.all_input_nodes)]
+    return not any(isinstance(v, torch.Tensor) and v.is_complex() for v in values)
 
 
 def _first_output(node: torch.fx.Node) -> torch.Tensor:

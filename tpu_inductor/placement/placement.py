@@ -16,7 +16,9 @@ The sources, in the order they win (the first that says eager decides):
 
 0. ``input written in place``: the in-place write of a graph input that
    passes/input_writes_in_place.py made of AOTAutograd's copy-back (eager
-   by construction: it writes torch's tensor);
+   by construction: it writes torch's tensor); ``complex crossing``: a view
+   that carries a complex tensor to or from its real parts
+   (passes/complex_as_real_pairs.py: the device has no complex dtype);
 1. ``reads eager's layout``: an ``as_strided`` left by its rewrite and the
    views up to its storage owner (passes/as_strided_as_gather.py);
 2. ``host constant``: a 0-d compile-time constant that feeds a comparison,
@@ -55,6 +57,7 @@ import torch
 import torch.fx
 
 from tpu_inductor.passes.as_strided_as_gather import eager_storage_reads
+from tpu_inductor.passes.complex_as_real_pairs import CROSSING
 from tpu_inductor.passes.input_writes_in_place import WRITES_INPUT
 
 if TYPE_CHECKING:
@@ -79,7 +82,7 @@ FALLBACKS = (
 """Eager because the device cannot (or may not) run it: the report's ``fallbacks``."""
 CHOICES = ("chosen by measurement", "in-place update graph")
 """Eager on purpose, though it would lower: the report's ``eager_kernels``."""
-BOOKKEEPING = ("host constant", "collective done", "input written in place")
+BOOKKEEPING = ("host constant", "collective done", "input written in place", "complex crossing")
 """Eager, feeding the device; neither a fallback nor a choice."""
 WHYS = ON_DEVICE + FALLBACKS + CHOICES + BOOKKEEPING
 
@@ -108,6 +111,9 @@ COLLECTIVE_IN_ISLAND = Decision(
 COLLECTIVE_DONE = Decision("collective done", "the collective it waits for ran in XLA: nothing to wait for")
 INPUT_WRITTEN = Decision(
     "input written in place", "only the rows it writes come from the device (passes/input_writes_in_place.py)"
+)
+COMPLEX_CROSSING = Decision(
+    "complex crossing", "a view between a complex tensor and its real parts (passes/complex_as_real_pairs.py)"
 )
 
 
@@ -155,6 +161,8 @@ def place(
             continue
         if node.meta.get(WRITES_INPUT):
             decision = INPUT_WRITTEN
+        elif node.meta.get(CROSSING):
+            decision = COMPLEX_CROSSING
         elif node in layout_bound:
             decision = Decision("reads eager's layout", layout_bound[node])
         elif node in hazards:
