@@ -3,10 +3,10 @@ parts of each complex op's result, built from its operands' parts.
 
 A part while it is built is a node, a Python number or None (zero), so that a
 real operand or a real number adds no multiply by zero to the graph. Where a
-textbook formula overflows or loses the sign of an infinity before eager's
-kernel does, the rule follows eager's: division scales by the divisor's larger
-part (Smith's method, as ``c10::complex`` and NumPy), and the magnitude
-(``abs``, ``log``, norms) divides by the larger part before it squares.
+textbook formula overflows before eager's kernel does, the rule follows
+eager's: division scales by the divisor's larger part (Smith's method, as
+``c10::complex`` and NumPy), and the magnitude (``abs``, ``log``, norms)
+divides by the larger part before it squares.
 """
 
 from __future__ import annotations
@@ -128,8 +128,12 @@ def divide(build: GraphBuilder, numerator: tuple[Part, Part], divisor: tuple[Par
     # Smith's method: the ratio of the smaller part of the divisor to the
     # larger, so that nothing squares (c^2 + d^2 overflows float32 from 1.8e19).
     c_larger = build.call(aten.ge.Tensor, build.call(aten.abs.default, c), build.call(aten.abs.default, d))
-    ratio = build.call(aten.where.self, c_larger, build.call(aten.div.Tensor, d, c), build.call(aten.div.Tensor, c, d))
-    denominator = build.call(aten.where.self, c_larger, add(build, c, mul(build, d, ratio)), add(build, d, mul(build, c, ratio)))
+    ratio = build.call(
+        aten.where.self, c_larger, build.call(aten.div.Tensor, d, c), build.call(aten.div.Tensor, c, d)
+    )
+    denominator = build.call(
+        aten.where.self, c_larger, add(build, c, mul(build, d, ratio)), add(build, d, mul(build, c, ratio))
+    )
     scale = build.call(aten.reciprocal.default, denominator)
 
     def branch(when_c_larger: Part, otherwise: Part) -> torch.fx.Node:
@@ -232,7 +236,8 @@ def _pad(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
 
 def _polar(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
     length, angle = node.args[:2]
-    return mul(build, length, build.call(aten.cos.default, angle)), mul(build, length, build.call(aten.sin.default, angle))
+    cos, sin = build.call(aten.cos.default, angle), build.call(aten.sin.default, angle)
+    return mul(build, length, cos), mul(build, length, sin)
 
 
 def _from_parts(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
@@ -274,7 +279,10 @@ def _where(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Part
     condition = node.args[0]
     (a, b), (c, d) = (rewrite.operand(build, arg) for arg in node.args[1:3])
     zero = build.call(aten.zeros_like.default, condition, dtype=REAL_DTYPE[node.meta["val"].dtype])
-    return tuple(build.call(aten.where.self, condition, tensor(build, x, zero), tensor(build, y, zero)) for x, y in ((a, c), (b, d)))
+    return tuple(
+        build.call(aten.where.self, condition, tensor(build, x, zero), tensor(build, y, zero))
+        for x, y in ((a, c), (b, d))
+    )
 
 
 def _concatenation(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
