@@ -156,6 +156,26 @@ def test_complex_inputs_and_outputs_on_the_device():
     assert graph.islands and graph.fallbacks == []
 
 
+def _split_and_written(z: torch.Tensor, w: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    first, second = (z * 2).split([1, 2], dim=0)
+    written = torch.index_put(z * 1j, (index,), w[: index.numel()], accumulate=True)
+    scattered = torch.zeros_like(z).slice_scatter(first, dim=0, start=2)
+    return second * first, written, scattered, *torch.unbind(z + 1, dim=1)
+
+
+def test_splits_and_writes_run_on_the_device():
+    """A complex tensor split into a list (each item's parts are items of the
+    parts' splits) and written into another (``index_put``, ``slice_scatter``)."""
+    torch.manual_seed(0)
+    z, w = torch.randn(3, 4, dtype=torch.complex64), torch.randn(3, 4, dtype=torch.complex64)
+    index = torch.tensor([2, 0, 2])
+    compiled = torch.compile(_split_and_written, backend="tpu", options={"strict": True})
+    for ours, theirs in zip(compiled(z, w, index), _split_and_written(z, w, index)):
+        torch.testing.assert_close(ours, theirs)
+    (graph,) = report.current().graphs
+    assert graph.islands and graph.fallbacks == []
+
+
 def _through_fft(x: torch.Tensor) -> torch.Tensor:
     spectrum = torch.fft.fft(x * 2 + 1)
     return torch.fft.ifft(spectrum * torch.polar(torch.ones_like(x), x)).real.sin()

@@ -25,13 +25,14 @@ rules op by op are in passes/complex_parts.py.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from tpu_inductor.passes.complex_parts import COMPLEX_RESULTS, REAL_DTYPE, REAL_RESULTS, VIEWS, Part, add
+from tpu_inductor.passes.complex_parts import COMPLEX_RESULTS, REAL_DTYPE, REAL_RESULTS, SPLITS, VIEWS, Part, add
 from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
@@ -74,6 +75,8 @@ class Rewrite:
         self.graph = graph
         self.pairs: dict[torch.fx.Node, Pair] = {}
         self.replaced: list[torch.fx.Node] = []
+        self.split_parts: dict[torch.fx.Node, Pair] = {}
+        """A split of a complex tensor -> the same split of its real and of its imaginary part."""
 
     def visit(self, node: torch.fx.Node) -> None:
         with self.graph.inserting_before(node):
@@ -83,6 +86,14 @@ class Rewrite:
                 if parts is not None and any(isinstance(part, torch.fx.Node) for part in parts):
                     self.pairs[node] = self._finish(build, parts, _value(node))
                     self.replaced.append(node)
+            elif node.target in SPLITS and _is_complex(node.args[0]):
+                parts = self.pair_of(build, node.args[0])
+                self.split_parts[node] = tuple(build.call(node.target, p, *node.args[1:], **node.kwargs) for p in parts)
+            elif node.target is operator.getitem and node.args[0] in self.split_parts:
+                self.pairs[node] = tuple(
+                    build.call(operator.getitem, items, node.args[1]) for items in self.split_parts[node.args[0]]
+                )
+                self.replaced.append(node)
             elif node.args and _is_complex(node.args[0]) and node.target in REAL_RESULTS:
                 if node.target is aten.view_as_real.default and not self._pairs_known(node.args[0]):
                     _crossing(node)  # a complex value from outside, read as it is

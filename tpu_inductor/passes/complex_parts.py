@@ -48,6 +48,10 @@ PARTWISE = frozenset({
 """Copies, gathers and linear reductions of the first argument: the same call
 on each part (any ``dtype`` argument is the complex result's, so it is dropped)."""
 
+SPLITS = frozenset({aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int})
+"""Ops that return a list of views of the first argument: the same call on each
+part, and each item's parts are the items of the two lists."""
+
 
 def _node(x: Part) -> bool:
     return isinstance(x, torch.fx.Node)
@@ -225,6 +229,25 @@ def _partwise(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> P
     return tuple(build.call(node.target, part, *node.args[1:], **kwargs) for part in (a, tensor(build, b, a)))
 
 
+def _writing(source_at: int) -> Callable[["Rewrite", GraphBuilder, torch.fx.Node], Parts]:
+    """Ops that write a source tensor (argument ``source_at``) into the first
+    at given places (``index_put``, scatters, ``slice_scatter``): linear in
+    both, so each part is written into the same part."""
+
+    def rule(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
+        if any(isinstance(value, complex) for value in [*node.args, *node.kwargs.values()]):
+            return None  # a complex alpha mixes the parts
+        a, b = rewrite.operand(build, node.args[0])
+        c, d = rewrite.operand(build, node.args[source_at])
+        before, after = node.args[1:source_at], node.args[source_at + 1:]
+        return tuple(
+            build.call(node.target, tensor(build, x, a), *before, tensor(build, v, c), *after, **node.kwargs)
+            for x, v in ((a, c), (b, d))
+        )
+
+    return rule
+
+
 def _pad(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
     a, b = rewrite.operand(build, node.args[0])
     value = complex(node.kwargs.get("value", node.args[2] if len(node.args) > 2 else 0))
@@ -315,6 +338,14 @@ COMPLEX_RESULTS: dict[Any, Callable[["Rewrite", GraphBuilder, torch.fx.Node], Pa
     aten.full.default: _fill,
     aten.full_like.default: _fill,
     aten.constant_pad_nd.default: _pad,
+    aten.index_put.default: _writing(2),
+    aten._unsafe_index_put.default: _writing(2),
+    aten.index_copy.default: _writing(3),
+    aten.index_add.default: _writing(3),
+    aten.scatter.src: _writing(3),
+    aten.scatter_add.default: _writing(3),
+    aten.slice_scatter.default: _writing(1),
+    aten.select_scatter.default: _writing(1),
     aten.polar.default: _polar,
     aten.complex.default: _from_parts,
     aten.exp.default: _exp,
