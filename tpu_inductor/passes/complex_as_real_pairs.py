@@ -32,7 +32,16 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from tpu_inductor.passes.complex_parts import COMPLEX_RESULTS, REAL_DTYPE, REAL_RESULTS, SPLITS, VIEWS, Part, add
+from tpu_inductor.passes.complex_parts import (
+    COMPLEX_RESULTS,
+    REAL_DTYPE,
+    REAL_RESULTS,
+    SPLITS,
+    VIEWS,
+    Part,
+    add,
+    tensor,
+)
 from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
@@ -160,10 +169,8 @@ class Rewrite:
     def _finish(self, build: GraphBuilder, parts: tuple[Part, Part], result: torch.Tensor) -> Pair:
         """Two nodes of ``result``'s shape and real dtype from ``parts``."""
         real, imaginary = parts
-        if not isinstance(real, torch.fx.Node):
-            real = build.call(aten.full_like.default, imaginary, real or 0)
-        if not isinstance(imaginary, torch.fx.Node):
-            imaginary = build.call(aten.full_like.default, real, imaginary or 0)
+        real = tensor(build, real, imaginary)  # a number or zero: the rule made the other part a node
+        imaginary = tensor(build, imaginary, real)
         # A part that broadcasting left smaller (the imaginary part of c + t,
         # with t larger than c) takes the other's shape.
         if not _same_shape(_value(real), result):

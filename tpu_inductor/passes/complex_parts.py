@@ -179,7 +179,7 @@ def _product(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Pa
     )
 
 
-def _sum(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node, sign: int = 1) -> Parts:
+def _addition(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node, sign: int = 1) -> Parts:
     (a, b), (c, d) = (rewrite.operand(build, arg) for arg in node.args[:2])
     alpha_real, alpha_imaginary = rewrite.operand(build, _alpha(node))
     c, d = (
@@ -192,7 +192,7 @@ def _sum(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node, sign: int
 
 
 def _difference(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
-    return _sum(rewrite, build, node, sign=-1)
+    return _addition(rewrite, build, node, sign=-1)
 
 
 def _quotient_parts(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
@@ -281,10 +281,15 @@ def _log(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
     return build.call(aten.log.default, magnitude(build, a, b)), build.call(aten.atan2.default, b, a)
 
 
-def _cast(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
+def _moves_device(node: torch.fx.Node) -> bool:
+    """Whether the cast ``node`` also moves its input to another device (left as it is)."""
     device = node.kwargs.get("device")
-    if device is not None and torch.device(device) != node.args[0].meta["val"].device:
-        return None  # a move to another device: left as it is
+    return device is not None and torch.device(device) != node.args[0].meta["val"].device
+
+
+def _cast(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> Parts:
+    if _moves_device(node):
+        return None
     return rewrite.operand(build, node.args[0])  # the pass casts each part to the result's real dtype
 
 
@@ -321,8 +326,8 @@ COMPLEX_RESULTS: dict[Any, Callable[["Rewrite", GraphBuilder, torch.fx.Node], Pa
     aten.mul.Scalar: _product,
     aten.mm.default: _product,
     aten.bmm.default: _product,
-    aten.add.Tensor: _sum,
-    aten.add.Scalar: _sum,
+    aten.add.Tensor: _addition,
+    aten.add.Scalar: _addition,
     aten.sub.Tensor: _difference,
     aten.sub.Scalar: _difference,
     aten.div.Tensor: _quotient_parts,
@@ -370,8 +375,7 @@ def _real_cast(rewrite: "Rewrite", build: GraphBuilder, node: torch.fx.Node) -> 
     """A cast to a real dtype keeps the real part, as eager does (with a
     warning); to ``bool``, whether either part is nonzero."""
     dtype = node.meta["val"].dtype
-    device = node.kwargs.get("device")
-    if device is not None and torch.device(device) != node.args[0].meta["val"].device:
+    if _moves_device(node):
         return None
     real, imaginary = rewrite.pair_of(build, node.args[0])
     if dtype == torch.bool:

@@ -143,6 +143,11 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def _stage_times(seconds: dict[str, float]) -> str:
+    """``Dynamo 0.11 s, AOTAutograd 0.29 s, ...`` in pipeline order."""
+    return ", ".join(f"{STAGE_LABELS.get(stage, stage)} {value:.2f} s" for stage, value in ordered_stages(seconds))
+
+
 def summarize(report: record.Report) -> str:
     seconds = stage_seconds(report)
     fallbacks = report.fallbacks()
@@ -174,14 +179,11 @@ def summarize(report: record.Report) -> str:
     if misses:
         lines.append("Cache misses: " + ", ".join(f"{reason} x{n}" for reason, n in misses.items()))
     if seconds:
-        lines.append(
-            "Compile time: "
-            + ", ".join(f"{STAGE_LABELS.get(s, s)} {v:.2f} s" for s, v in ordered_stages(seconds))
-        )
+        lines.append("Compile time: " + _stage_times(seconds))
     if report.background_seconds:
         lines.append(
             "Compiled beside the program, no call waiting (XLA:CPU's schedule choice): "
-            + ", ".join(f"{STAGE_LABELS.get(s, s)} {v:.2f} s" for s, v in ordered_stages(report.background_seconds))
+            + _stage_times(report.background_seconds)
         )
     _section(
         lines,
