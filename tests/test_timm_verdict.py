@@ -1,0 +1,44 @@
+"""The timm sweep's verdict (benchmarks/timm_sweep.py), without timm.
+
+A result is judged as PyTorch's Dynamo benchmarks judge one: its error
+against float64 may be 2x eager float32's (3x for small tensors) plus a
+floor. A looser rule would hide a wrong op in a deep network, a stricter
+one would call rounding a bug; a gradient the backend lost must fail.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.timm_sweep import FLOOR, _multiplier, errors, verdict
+
+
+def _allowed(eager: dict, reference: dict) -> dict:
+    measured = errors(eager, reference)
+    return {name: _multiplier(reference[name]) * error + FLOOR for name, error in measured.items()}
+
+
+def test_within_twice_eager_float32s_error_passes_and_beyond_fails():
+    reference = {"weight": torch.ones(2000, dtype=torch.float64)}
+    eager = {"weight": reference["weight"] + 1e-3}
+    allowed = _allowed(eager, reference)
+    assert verdict(errors({"weight": reference["weight"] + 1.9e-3}, reference), allowed) == []
+    wrong = verdict(errors({"weight": reference["weight"] + 2.1e-3}, reference), allowed)
+    assert len(wrong) == 1 and wrong[0].startswith("weight:")
+
+
+def test_small_tensors_and_1x1_kernels_get_three_times():
+    assert _multiplier(torch.ones(999)) == 3.0
+    assert _multiplier(torch.ones(64, 64, 1, 1)) == 3.0
+    assert _multiplier(torch.ones(64, 64, 3, 3)) == 2.0
+    reference = {"bias": torch.zeros(10, dtype=torch.float64)}
+    allowed = _allowed({"bias": reference["bias"] + 1e-3}, reference)
+    assert verdict(errors({"bias": reference["bias"] + 2.9e-3}, reference), allowed) == []
+
+
+def test_a_missing_or_misshapen_gradient_fails():
+    reference = {"loss": torch.ones(1, dtype=torch.float64), "weight": torch.ones(4, dtype=torch.float64)}
+    allowed = _allowed(dict(reference), reference)
+    assert [w.split(":")[0] for w in verdict(errors({"loss": reference["loss"]}, reference), allowed)] == ["weight"]
+    misshapen = {"loss": reference["loss"], "weight": torch.ones(2, 2, dtype=torch.float64)}
+    assert len(verdict(errors(misshapen, reference), allowed)) == 1
