@@ -131,8 +131,13 @@ def _cost(timm: Any, name: str, device: Any) -> Optional[tuple[float, int, str]]
     except Exception:  # noqa: BLE001 - a model that does not build is not a candidate
         return None
     parameters = sum(p.numel() for p in model.parameters())
-    size = model.pretrained_cfg.get("input_size", (3, 224, 224))
-    return parameters * size[1] * size[2], parameters, name
+    _, height, width = _input_size(model)
+    return parameters * height * width, parameters, name
+
+
+def _input_size(model: Any) -> tuple[int, int, int]:
+    """``(channels, height, width)`` the model was configured for."""
+    return tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
 
 
 # ---------------------------------------------------------------- worker
@@ -153,8 +158,7 @@ def _build(name: str) -> tuple[Any, Any, int]:
                 noise = torch.rand_like(tensor) * 0.2
                 tensor.copy_(abs(value) + 0.1 + noise if value >= 0 else value - noise)
     zeroed = _without_random_draws(model)
-    size = model.pretrained_cfg.get("input_size", (3, 224, 224))
-    return model, torch.randn(BATCH, *size), zeroed
+    return model, torch.randn(BATCH, *_input_size(model)), zeroed
 
 
 def _without_random_draws(model: Any) -> int:

@@ -92,8 +92,8 @@ def _scales_by_tap(build: GraphBuilder, w: torch.fx.Node, channels: int, taps: i
     """The kernel ``[C, 1, kh, kw]`` as ``[kh * kw, 1, C, 1, 1]``: tap ``t``'s
     per-channel scales are one ``select``, not a select, a select and a view
     per tap. Each node costs the passes a FakeTensor call (~0.5 ms) and every
-    later stage its share, and a model with a hundred 7x7 depthwise
-    convolutions (timm's CoaT) had 15,000 such nodes."""
+    later stage its share: timm's CoaT (104 depthwise convolutions up to
+    7x7) had 20,012 nodes in its inference graph with three, 15,540 with one."""
     by_tap = build.call(aten.clone.default, build.call(aten.permute.default, w, [2, 3, 1, 0]),
                         memory_format=torch.contiguous_format)  # [kh, kw, 1, C], contiguous
     return build.call(aten.view.default, by_tap, [taps, 1, channels, 1, 1])
