@@ -26,10 +26,11 @@ from float64), so a fixed tolerance against eager float32 would call rounding
 a bug, or hide one.
 
 timm zero-initialises classifier heads, the last BatchNorm of residual blocks
-and layer scales; such constant tensors get random values first, so that every
-branch shows in the output. Dropout and stochastic depth are set to zero: in
-train mode they draw random masks, which backend="tpu" draws on the device (as
-Inductor does), so no compiled run could match eager's.
+and layer scales; such constant tensors get values that vary around theirs
+first (``_varied``), so that every branch shows in the output. Dropout and
+stochastic depth are set to zero: in train mode they draw random masks, which
+backend="tpu" draws on the device (as Inductor does), so no compiled run could
+match eager's.
 
 timm imports ``torchvision``. PyPI's torchvision is a CUDA build whose
 native ops (``nms``, ``roi_align`` ...) do not load against the CPU torch, and
@@ -52,6 +53,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 import time
 import types
@@ -154,11 +156,25 @@ def _build(name: str) -> tuple[Any, Any, int]:
     with torch.no_grad():
         for tensor in [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]:
             if tensor.numel() and tensor.float().std(unbiased=False) == 0:
-                value = tensor.flatten()[0].item()
-                noise = torch.rand_like(tensor) * 0.2
-                tensor.copy_(abs(value) + 0.1 + noise if value >= 0 else value - noise)
+                tensor.copy_(_varied(tensor))
     zeroed = _without_random_draws(model)
     return model, torch.randn(BATCH, *_input_size(model)), zeroed
+
+
+def _varied(constant: Any) -> Any:
+    """A tensor that held one value everywhere, made to vary around that value:
+    +-10% of it, or uniform in +-0.1 where it was zero (a zero-initialised
+    head or residual gain, whose branch would otherwise not show). The values
+    stay centred where the model put them: raising every BatchNorm gain by
+    10-30%, as the sweep did before 2026-12-07, compounded layer after layer
+    (inception_v3's eager float32 logits were 4e7 away from float64's)."""
+    import torch
+
+    value = constant.flatten()[0].item()
+    if not math.isfinite(value):  # a mask's -inf stays what it means
+        return constant
+    spread = torch.rand_like(constant) * 2 - 1
+    return constant + (0.1 * spread if value == 0 else 0.1 * value * spread)
 
 
 def _without_random_draws(model: Any) -> int:
