@@ -185,6 +185,7 @@ from benchmarks.paired_rounds import (  # noqa: E402
     path_workers,
     timed_calls,
 )
+from benchmarks.machine import cpu_description  # noqa: E402
 from benchmarks.perf_models import MLP, _seeded, mlp_jax, to_jax  # noqa: E402
 from benchmarks.perf_report import (  # noqa: E402
     RESULTS_PAGE,
@@ -459,6 +460,7 @@ def main(argv: Sequence[str]) -> int:
             "environment": {k: os.environ.get(k) for k in PINNED},
             "allocator": ALLOCATOR,
             "cpu_count": os.cpu_count(),
+            "cpu": cpu_description(),
             "load_start": load_start,
             "load_end": os.getloadavg()[0],
             "python": platform.python_version(),

@@ -118,6 +118,12 @@ BAR_HEADER = ["bar", "measured", "needed", "verdict"]
 RESULT_HEADER = ["workload", *(LABELS[p] for p in PATHS), *(f"tpu vs {LABELS[o]}" for o in OTHERS)]
 
 
+def _cpu(meta: Mapping[str, Any]) -> str:
+    """`` of an AMD EPYC (avx2, fma; no AVX-512)``; nothing for results made before
+    perf.py recorded the CPU (2026-12-07)."""
+    return f" of an {meta['cpu']}" if meta.get("cpu") else ""
+
+
 def _paths_in(meta: Mapping[str, Any]) -> str:
     """Where the paths ran (runs before 2026-12-04 ran them in one process)."""
     if meta.get("paths_in", "one process") == "one process":
@@ -135,7 +141,7 @@ def report_text(report: Mapping[str, Any]) -> str:
         else "default settings (threads, allocator and XLA flags as a user gets them), "
     )
     lines = [
-        f"`{command}` on {meta['date']}: {meta['cpu_count']} CPU cores "
+        f"`{command}` on {meta['date']}: {meta['cpu_count']} CPU cores{_cpu(meta)} "
         f"(load average {meta['load_start']:.2f} at start, {meta['load_end']:.2f} at end), "
         f"{settings}"
         f"torch {meta['versions']['torch']}, "

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
+from benchmarks.machine import cpu_description
 from benchmarks.sweep_workers import (  # noqa: F401  (re-exported for the sweeps)
     CRASH,
     CRASH_ENV,
@@ -282,6 +283,7 @@ def environment() -> dict:
         "tpu_inductor_dirty": not os.environ.get("BENCHMARK_COMMIT")
         and bool(git("status", "--porcelain", "--untracked-files=no")),
         "cpus": os.cpu_count(),
+        "cpu": cpu_description(),
     }
 
 

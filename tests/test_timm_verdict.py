@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.timm_sweep import FLOOR, _multiplier, errors, verdict
+from benchmarks.timm_sweep import FLOOR, _multiplier, _varied, errors, verdict
 
 
 def _allowed(eager: dict, reference: dict) -> dict:
@@ -42,3 +42,16 @@ def test_a_missing_or_misshapen_gradient_fails():
     assert [w.split(":")[0] for w in verdict(errors({"loss": reference["loss"]}, reference), allowed)] == ["weight"]
     misshapen = {"loss": reference["loss"], "weight": torch.ones(2, 2, dtype=torch.float64)}
     assert len(verdict(errors(misshapen, reference), allowed)) == 1
+
+
+def test_constants_vary_around_their_value():
+    """A constant gain stays centred on its value (raising every BatchNorm gain
+    compounded through inception_v3); a zero one varies around zero, so its
+    branch shows; a mask's -inf stays -inf."""
+    gains = _varied(torch.ones(10_000))
+    assert gains.std() > 0 and 0.9 <= gains.min() and gains.max() <= 1.1 and abs(gains.mean() - 1) < 0.01
+    zeros = _varied(torch.zeros(10_000))
+    assert zeros.std() > 0 and zeros.abs().max() <= 0.1 and abs(zeros.mean()) < 0.01
+    negative = _varied(torch.full((100,), -2.0))
+    assert (negative <= -1.8).all() and (negative >= -2.2).all()
+    assert torch.equal(_varied(torch.full((3,), float("-inf"))), torch.full((3,), float("-inf")))
