@@ -225,12 +225,14 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def finish(path: Path, meta: dict, summary: dict, records_key: str, records: Any, table_text: str, counted: str) -> None:
-    """Write a sweep's results JSON and print its table and a closing line."""
+def finish(path: Path, meta: dict, summary: dict, records_key: str, records: Any, table_text: str, counted: str,
+           seconds: Optional[float] = None) -> None:
+    """Write a sweep's results JSON and print its table and a closing line;
+    ``seconds``: this run's, where ``meta`` is an earlier run's (``--update``)."""
     write_json(path, {"meta": meta, "summary": summary, records_key: records})
     print()
     print(table_text)
-    print(f"\n{counted} in {meta['seconds']:.0f} s; wrote {path}")
+    print(f"\n{counted} in {meta['seconds'] if seconds is None else seconds:.0f} s; wrote {path}")
 
 
 def replace_between_markers(page: Path, markers: tuple[str, str], text: str) -> None:

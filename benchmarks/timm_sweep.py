@@ -396,7 +396,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         chosen = previous["meta"]["selection"]["families"]
     summary = summarise(records, chosen)
     text = table(summary)
-    common.finish(args.out, meta, summary, "models", records, text, f"{len(tasks)} models")
+    common.finish(args.out, meta, summary, "models", records, text, f"{len(tasks)} models",
+                  seconds=time.perf_counter() - started)
     if args.write_docs:
         common.replace_between_markers(RESULTS_PAGE, MARKERS, text)
 
