@@ -119,8 +119,8 @@ RESULT_HEADER = ["workload", *(LABELS[p] for p in PATHS), *(f"tpu vs {LABELS[o]}
 
 
 def _cpu(meta: Mapping[str, Any]) -> str:
-    """`` of an AMD EPYC (avx2, fma; no AVX-512)``; nothing for results made before
-    perf.py recorded the CPU (2026-12-07)."""
+    """The header's words for the CPU (``" of an AMD EPYC (avx2, fma; no AVX-512)"``);
+    nothing for results made before perf.py recorded it (2026-12-07)."""
     return f" of an {meta['cpu']}" if meta.get("cpu") else ""
 
 
