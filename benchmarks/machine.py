@@ -31,7 +31,7 @@ def cpu_description(cpuinfo: Optional[str] = None) -> str:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())  # the first processor's
-    model = fields.get("model name") or fields.get("Model name") or "unknown"
+    model = fields.get("model name") or "unknown"  # an Arm /proc/cpuinfo names no model
     flags = set(fields.get("flags", "").split())
     present = [name for name in _VECTOR_SETS if name in flags]
     if "avx512f" not in flags:
