@@ -23,7 +23,11 @@ exceeds twice eager float32's (three times for tensors under 1,000 elements
 and 1x1 kernels) plus a floor (``FLOOR``). A deep network in train mode is
 ill-conditioned (ConvMixer's BatchNorm gradients: eager float32 is 14% away
 from float64), so a fixed tolerance against eager float32 would call rounding
-a bug, or hide one.
+a bug, or hide one. Eager float32's error is the worst of four runs: on the
+input as given and on three copies whose elements moved by at most a unit in
+the last place (``REROUNDINGS``). One run is one draw of its rounding: in
+rexnet_100's train-mode gradients such moves spread eager's error over
+1e-4 to 1e-3 (eight draws), and the input as given was a lucky one.
 
 timm zero-initialises classifier heads, the last BatchNorm of residual blocks
 and layer scales; such constant tensors get values that vary around theirs
@@ -71,6 +75,8 @@ MARKERS = ("<!-- timm-table:start -->", "<!-- timm-table:end -->")
 MODES = ("inference", "train")
 FLOOR = 1e-5
 """Wrong when RMSE(tpu) > multiplier x RMSE(eager float32) + FLOOR, both against float64 (Dynamo's tol / 10)."""
+REROUNDINGS = 3
+"""Eager float32 runs on the input moved by up to an ulp (:func:`moved_by_an_ulp`) beside the one on it as given."""
 FLOAT32_TOLERANCE = 1e-3
 """RMSE allowed against eager float32, relative to the tensor's RMS, where the model does not run in float64."""
 BATCH = 2
@@ -238,6 +244,26 @@ def _multiplier(tensor: Any) -> float:
     return 3.0 if small else 2.0
 
 
+def moved_by_an_ulp(inputs: Any, seed: int) -> Any:
+    """``inputs`` with each element kept or moved to a neighbouring float (one
+    unit in the last place, either way, a third of the elements each): a
+    rounding of the same image as valid as the one given, so eager float32's
+    error on it is as much its error as on ``inputs``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.randint(-1, 2, inputs.shape, generator=generator)
+    moved = torch.nextafter(inputs, torch.where(direction > 0, torch.inf, -torch.inf).to(inputs.dtype))
+    return torch.where(direction == 0, inputs, moved)
+
+
+def allowed_errors(reference: dict[str, Any], eager_draws: list[dict[str, float]]) -> dict[str, float]:
+    """Per tensor, the error a result may have: :func:`_multiplier` x eager
+    float32's worst error over its runs (``eager_draws``, from :func:`errors`) + ``FLOOR``."""
+    return {n: _multiplier(expected) * max(draw[n] for draw in eager_draws) + FLOOR
+            for n, expected in reference.items()}
+
+
 def verdict(tpu: dict[str, float], allowed: dict[str, float]) -> list[str]:
     """The tensors tpu got wrong: an error beyond what :func:`_references` allows."""
     wrong = [(tpu[n], n) for n in allowed if not tpu[n] <= allowed[n]]
@@ -247,7 +273,8 @@ def verdict(tpu: dict[str, float], allowed: dict[str, float]) -> list[str]:
 def _references(name: str) -> tuple[dict, dict, dict]:
     """Per mode, the reference results and the error allowed per tensor, and
     facts for the record. The reference is float64 eager, and the error allowed
-    2 or 3 x eager float32's + ``FLOOR`` (:func:`_multiplier`); a model that does not run in
+    2 or 3 x eager float32's worst over the input as given and ``REROUNDINGS``
+    copies moved by an ulp, + ``FLOOR`` (:func:`allowed_errors`); a model that does not run in
     float64 (one that makes float32 tensors of its own) is compared with eager
     float32 within ``FLOAT32_TOLERANCE``."""
     model, inputs, zeroed = _build(name)
@@ -259,10 +286,15 @@ def _references(name: str) -> tuple[dict, dict, dict]:
         facts["reference"] = f"eager float32 (float64 fails: {common.describe(exc)['error'][:200]})"
         allowed = {m: {n: FLOAT32_TOLERANCE * _rms(t) + FLOOR for n, t in float32[m].items()} for m in MODES}
         return float32, allowed, facts
-    eager = {m: errors(float32[m], reference[m]) for m in MODES}
+    draws = {m: [errors(float32[m], reference[m])] for m in MODES}
+    for seed in range(REROUNDINGS):
+        moved = moved_by_an_ulp(inputs, seed)
+        for m in MODES:
+            draws[m].append(errors(_results(copy.deepcopy(model), moved, m), reference[m]))
     facts["reference"] = "float64"
-    facts["eager_float32_error"] = {m: max(eager[m].values()) for m in MODES}
-    allowed = {m: {n: _multiplier(reference[m][n]) * e + FLOOR for n, e in eager[m].items()} for m in MODES}
+    facts["eager_float32_error"] = {m: max(draws[m][0].values()) for m in MODES}
+    facts["eager_float32_error_moved_input"] = {m: max(max(d.values()) for d in draws[m][1:]) for m in MODES}
+    allowed = {m: allowed_errors(reference[m], draws[m]) for m in MODES}
     return reference, allowed, facts
 
 
@@ -382,7 +414,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                                    jobs=args.jobs, chunk=args.chunk, env=common.worker_env(scratch, args),
                                    workdir=scratch / "logs", timeout=args.timeout, progress=progress)
     meta = {**common.environment(), "timm": timm.__version__, "stand_ins": stand_ins, "batch": BATCH,
-            "verdict": {"floor": FLOOR, "float32_tolerance": FLOAT32_TOLERANCE},
+            "verdict": {"floor": FLOOR, "float32_tolerance": FLOAT32_TOLERANCE, "reroundings": REROUNDINGS},
             "selection": {"families": chosen, "max_params": args.max_params, "partial": bool(args.models)},
             "jobs": args.jobs, "eager_kernels": args.eager_kernels, "timeout": args.timeout,
             "seconds": round(time.perf_counter() - started, 1)}
