@@ -1,6 +1,6 @@
 """Run PyTorch's whole OpInfo database through backend="tpu" and compare with eager.
 
-For every OpInfo entry and dtype (float32 by default; bfloat16, int64 and
+For every OpInfo entry and dtype (float32 by default; bfloat16, float16, int64 and
 complex64 on request) every usable sample (``--samples N``: the first N) runs in eager and
 compiled, each compiled run with a fresh ``cache_dir``; the script prints
 pass %, mismatches, backend errors, crashes and the % of ops that ran fully
@@ -15,7 +15,10 @@ past ``--timeout`` is killed and counted as ``timeout``.
     python benchmarks/opinfo_sweep.py --ops add mul nn.functional.conv2d --samples 3
 
 Outcomes per (op, dtype, sample):
-  pass       compiled matches eager (tolerances of tests/test_ops.py)
+  pass       compiled matches eager (tolerances of tests/test_ops.py); for a
+             bfloat16/float16 output that misses them, the op computed in
+             float32 on the same inputs decides: pass when compiled is no
+             further from it than eager plus one ulp (with a ``note``)
   mismatch   compiled ran and returned different numbers: a bug
   error      the backend raised (Dynamo's own unsupported-feature errors are
              counted separately as ``dynamo_error``, not against the backend)
@@ -45,13 +48,14 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import sweep_common as common  # noqa: E402
 
-DTYPES = ("float32", "bfloat16", "int64", "complex64")
+DTYPES = ("float32", "bfloat16", "float16", "int64", "complex64")
 # Worst first: an op's outcome is that of its worst sample.
 RANDOM_PROBE_SEEDS = (1, 2, 3)
 """Seeds eager runs a sample under besides 0 to see whether it draws random
@@ -129,6 +133,11 @@ def run_task(task: dict, log: common.WorkerLog) -> None:
                     result["outcome"] = "random"  # the device's draws, not torch's
                     result["note"] = "matches eager with fallback_random=True"
                     continue
+                closer = _as_close_to_float32_as_eager(fn, tensors, actual, expected)
+                if closer is not None:
+                    result.update(outcome="pass", fallbacks=facts["fallbacks"], islands=facts["islands"],
+                                  note=closer)
+                    continue
                 lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
                 result["outcome"] = "mismatch"
                 result["error"] = " ".join(lines[:4])[:300] if lines else type(exc).__name__
@@ -155,6 +164,61 @@ def _matches_on_torchs_generator(fn, tensors, expected) -> bool:
     except Exception:  # noqa: BLE001
         return False
     return _same(actual, expected)
+
+
+HALF_FLOAT_ULP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+"""One ulp relative (the spacing of floats in [1, 2)) of each half-precision dtype."""
+
+
+def _as_close_to_float32_as_eager(fn, tensors, actual, expected) -> Optional[str]:
+    """For bfloat16/float16 outputs that miss eager's tolerance: a note when every
+    one is no further than eager (plus one ulp) from the op computed in float32
+    on the same inputs, else None.
+
+    Eager's kernels compute half-precision ops in float32 and round once, as the
+    device does (lowering/half_floats_in_float32.py), but their float32 steps
+    differ (oneDNN's convolution, a batch norm's statistics), and in float16's
+    sweep eager was the further from float32 in 13 of its 14 misses (up to
+    8,500 ulps: ``grid_sampler_2d``), or overflowed where float32 did not
+    (``soft_margin_loss``'s ``inf``). The distance is relative, per element,
+    floored at a thousandth of the output's largest magnitude.
+    """
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    half = {getattr(torch, name): ulp for name, ulp in HALF_FLOAT_ULP.items()}
+    got, _ = tree_flatten(actual)
+    want, _ = tree_flatten(expected)
+    if not any(isinstance(e, torch.Tensor) and e.dtype in half for e in want):
+        return None
+    upcast = [t.float() if t.dtype in half else t for t in tensors]
+    try:
+        in_float32, _ = tree_flatten(_eager(fn, upcast, seed=0))
+    except Exception:  # noqa: BLE001 - an op with no float32 kernel for this sample
+        return None
+    worst = []
+    for a, e, r in zip(got, want, in_float32):
+        if not isinstance(e, torch.Tensor) or e.dtype not in half:
+            continue
+        r = r.float()
+        if r.numel() == 0:
+            continue
+        finite = r[torch.isfinite(r)]
+        floor = finite.abs().amax() * 1e-3 if finite.numel() else torch.tensor(1.0)
+
+        def distance(x):
+            x = x.float()
+            d = torch.where(x == r, 0.0, (x - r).abs() / r.abs().clamp(min=floor))
+            d = torch.where(torch.isnan(x) & torch.isnan(r), 0.0, d)
+            return float(torch.nan_to_num(d, nan=float("inf")).amax())
+
+        if distance(a) > distance(e) + half[e.dtype]:
+            return None
+        worst.append((distance(a), distance(e)))
+    if not worst:
+        return None
+    device, eager = max(w[0] for w in worst), max(w[1] for w in worst)
+    return f"against float32: {device:.3g} relative, eager {eager:.3g}"
 
 
 def _compiled(fn, tensors, **options):

@@ -4,8 +4,8 @@ Why: these ops lower, run on the device and return tensors of the right
 shape, but torch-mlir's lowering (or PyTorch's own decomposition) computes
 something slightly different from eager's kernel: windows shifted by a
 padding row, an int64 quotient taken through float64, a result dtype that
-skips type promotion, a comparison folded away, a bfloat16 sum rounded at
-every step. Nothing fails, so no fallback reports them; each entry here
+skips type promotion, a comparison folded away. (Half-precision ops computed
+in their own type: lowering/half_floats_in_float32.py, for every op.) Nothing fails, so no fallback reports them; each entry here
 rewrites one op into ATen ops whose lowering is exact. Every entry returns
 ``NotImplemented`` (the op itself) for the inputs it does not concern.
 
@@ -214,34 +214,6 @@ def _threshold_backward_promoted(grad_output, self, threshold):
     return torch.where(self.to(compute) <= threshold, 0, grad_output.to(dtype))
 
 
-# -- bfloat16 and float16 accumulation ------------------------------------------
-
-
-def _accumulated_in_float32(op):
-    """``op`` on a bfloat16/float16 tensor, accumulated in float32 and rounded once.
-
-    torch-mlir emits these reductions and scans in the input's dtype, so each
-    partial sum was rounded to bfloat16: the sum and mean of 1024 standard
-    normals (var_mean's mean too) had up to 17x eager's relative error
-    against float64 (3.4% against 0.2%), and a running sum of 1024 about 4x
-    eager's absolute error. Eager's CPU kernels accumulate in float32; so
-    does this, and rounds once.
-    """
-
-    def decomposition(x, *args, **kwargs):
-        if x.dtype not in _REDUCED_FLOATS:
-            return NotImplemented
-        out_dtype = kwargs.pop("dtype", None) or x.dtype
-        if out_dtype not in _REDUCED_FLOATS:
-            return NotImplemented  # an explicit wider dtype: already accumulated in it
-        result = op(x.to(torch.float32), *args, **kwargs)
-        if isinstance(result, tuple):
-            return tuple(r.to(out_dtype) for r in result)
-        return result.to(out_dtype)
-
-    return decomposition
-
-
 EXACT_VALUE_DECOMPOSITIONS: dict = {
     aten.max_pool2d_with_indices.default: _max_pool_exact_windows(aten.max_pool2d_with_indices.default, 2),
     aten.max_pool3d_with_indices.default: _max_pool_exact_windows(
@@ -251,9 +223,4 @@ EXACT_VALUE_DECOMPOSITIONS: dict = {
     aten.div.Scalar_mode: _integer_floor_division,
     aten.eq.Tensor: _float_eq_kept,
     aten.threshold_backward.default: _threshold_backward_promoted,
-    aten.cumsum.default: _accumulated_in_float32(aten.cumsum.default),
-    aten.sum.default: _accumulated_in_float32(aten.sum.default),
-    aten.sum.dim_IntList: _accumulated_in_float32(aten.sum.dim_IntList),
-    aten.mean.default: _accumulated_in_float32(aten.mean.default),
-    aten.mean.dim: _accumulated_in_float32(aten.mean.dim),
 }

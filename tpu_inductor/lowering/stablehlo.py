@@ -20,6 +20,7 @@ import torch.fx
 from tpu_inductor import report
 from tpu_inductor.errors import LoweringError
 from tpu_inductor.lowering.constant_sizes import constant_sizes_as_ints
+from tpu_inductor.lowering.half_floats_in_float32 import compute_half_floats_in_float32
 from tpu_inductor.lowering.pipelines import IslandLoweringError, to_stablehlo
 from tpu_inductor.runtime.executable import TensorSpec
 
@@ -61,6 +62,7 @@ def lower_to_stablehlo(
     with report.stage("torch-mlir"):  # the first import of torch-mlir is its cost too
         from torch_mlir import fx as torch_mlir_fx
 
+        compute_half_floats_in_float32(gm)  # eager's one rounding per op
         # A size specialised mid-trace must read as one static dim everywhere
         # (constant_sizes.py), or torch-mlir types it ``?`` on one op and ``31`` on the next.
         with constant_sizes_as_ints(gm):

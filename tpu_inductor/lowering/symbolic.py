@@ -23,6 +23,7 @@ import torch.fx
 
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.lowering.constant_sizes import constant_sizes_as_ints
+from tpu_inductor.lowering.half_floats_in_float32 import compute_half_floats_in_float32
 from tpu_inductor.lowering.pipelines import to_stablehlo
 
 _NUMBERS = (*SYMBOLIC_TYPES, int, float, bool)
@@ -44,6 +45,7 @@ def lower_symbolic(gm: torch.fx.GraphModule, name: str = "main", *, isolate: boo
     from torch_mlir import fx as torch_mlir_fx
 
     started = time.perf_counter()
+    compute_half_floats_in_float32(gm)  # eager's one rounding per op
     # A size specialised mid-trace must read as one static dim everywhere
     # (constant_sizes.py), or torch-mlir mixes ``?`` and ``7`` on one dim.
     with constant_sizes_as_ints(gm):
