@@ -1,0 +1,42 @@
+"""The OpInfo sweep's verdict on half-precision misses (benchmarks/opinfo_sweep.py).
+
+A bfloat16/float16 output outside eager's tolerance passes when it is no
+further than eager (plus one ulp) from the op computed in float32 on the same
+inputs: eager rounds too, and on some ops (oneDNN's convolutions, a batch
+norm's statistics) it is the further of the two. A device result further
+from float32 than eager, or an overflow eager does not have, still fails.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.opinfo_sweep import _as_close_to_float32_as_eager
+
+
+def _mean_of_squares(x: torch.Tensor) -> torch.Tensor:
+    return (x * x).mean(-1)
+
+
+X = torch.linspace(0.5, 2.0, 64).reshape(4, 16).to(torch.float16)
+IN_FLOAT32 = _mean_of_squares(X.float())
+
+
+def test_a_result_closer_to_float32_than_eager_passes_with_a_note():
+    eager = (IN_FLOAT32 * (1 + 8 * 2.0**-10)).to(torch.float16)  # eight ulps off
+    device = IN_FLOAT32.to(torch.float16)  # rounded once
+    note = _as_close_to_float32_as_eager(_mean_of_squares, [X], device, eager)
+    assert note is not None and note.startswith("against float32")
+
+
+def test_a_result_further_from_float32_than_eager_fails():
+    eager = IN_FLOAT32.to(torch.float16)
+    device = (IN_FLOAT32 * (1 + 4 * 2.0**-10)).to(torch.float16)
+    assert _as_close_to_float32_as_eager(_mean_of_squares, [X], device, eager) is None
+
+
+def test_an_overflow_fails_and_float32_outputs_are_not_judged_here():
+    eager = IN_FLOAT32.to(torch.float16)
+    device = torch.full_like(eager, float("inf"))
+    assert _as_close_to_float32_as_eager(_mean_of_squares, [X], device, eager) is None
+    assert _as_close_to_float32_as_eager(_mean_of_squares, [X.float()], IN_FLOAT32 + 1, IN_FLOAT32) is None
