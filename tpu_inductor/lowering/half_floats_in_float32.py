@@ -61,7 +61,7 @@ EXACT = frozenset({
     "tril", "triu", "pixel_shuffle", "pixel_unshuffle", "im2col", "fill", "full_like", "zeros_like",
     "ones_like", "empty_like", "new_zeros", "new_ones", "new_full", "new_empty", "resize",
     # picking one of the values, or an exact function of one
-    "relu", "neg", "abs", "sign", "ceil", "floor", "round", "trunc", "maximum", "minimum", "fmax", "fmin",
+    "relu", "neg", "abs", "sign", "ceil", "floor", "trunc", "maximum", "minimum", "fmax", "fmin",
     "clamp", "clamp_min", "clamp_max", "hardtanh", "amax", "amin", "max", "min", "aminmax", "argmax", "argmin",
     "sort", "topk", "kthvalue", "max_pool2d_with_indices", "max_pool3d_with_indices",
     "adaptive_max_pool2d", "adaptive_max_pool3d", "cummax", "cummin", "copysign",
