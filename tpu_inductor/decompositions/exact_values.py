@@ -4,10 +4,11 @@ Why: these ops lower, run on the device and return tensors of the right
 shape, but torch-mlir's lowering (or PyTorch's own decomposition) computes
 something slightly different from eager's kernel: windows shifted by a
 padding row, an int64 quotient taken through float64, a result dtype that
-skips type promotion, a comparison folded away. (Half-precision ops computed
-in their own type: lowering/half_floats_in_float32.py, for every op.) Nothing fails, so no fallback reports them; each entry here
-rewrites one op into ATen ops whose lowering is exact. Every entry returns
-``NotImplemented`` (the op itself) for the inputs it does not concern.
+skips type promotion, a comparison folded away. Nothing fails, so no
+fallback reports them; each entry here rewrites one op into ATen ops whose
+lowering is exact. Every entry returns ``NotImplemented`` (the op itself) for
+the inputs it does not concern. (Half-precision ops computed in their own
+type are one rule for every op: lowering/half_floats_in_float32.py.)
 
 Before: ``aten.div.Tensor_mode(x, 3, rounding_mode="floor")`` on int64
 (converted to float64 by torch-mlir: wrong past 2**53); after: a truncating
