@@ -56,3 +56,27 @@ def test_the_divisor_is_counted_on_one_plane_not_the_whole_input():
     pools = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.avg_pool2d.default)
     assert sorted(tuple(p.args[0].meta["val"].shape) for p in pools) == [(1, 1, 27, 27), (4, 96, 27, 27)]
     assert all(len(p.args) < 4 or p.args[3] == [0, 0] for p in pools)  # padded explicitly: every window is full
+
+
+@pytest.mark.parametrize(
+    "pool, kwargs",
+    [
+        (F.avg_pool1d, dict(kernel_size=3, stride=1, padding=1, ceil_mode=True, count_include_pad=False)),
+        (F.avg_pool2d, dict(kernel_size=3, stride=1, padding=1, count_include_pad=False)),
+        (F.avg_pool2d, dict(kernel_size=2, divisor_override=3)),
+        (F.avg_pool3d, dict(kernel_size=2, stride=1, padding=1, ceil_mode=True)),
+    ],
+)
+def test_integer_pools_truncate_each_exact_window_sum_as_eager(pool, kwargs):
+    """An integer pool truncates its mean toward zero: taken as the pool times
+    its size, the remainder was lost (int64 avg_pool1d gave 0 for -2 / 2) and
+    counts of 2 / 3 became 0 (results of INT64_MAX); OpInfo's slow claims found it."""
+    spatial = {F.avg_pool1d: (9,), F.avg_pool2d: (7, 6), F.avg_pool3d: (4, 5, 3)}[pool]
+    x = torch.randint(-9, 10, (2, 3, *spatial), generator=torch.Generator().manual_seed(0))
+
+    def fn(a):
+        return pool(a, **kwargs)
+
+    out = torch.compile(fn, backend="tpu", options={"cache": False, "strict": True})(x)
+    assert torch.equal(out, fn(x))
+    assert report.current().islands() and report.current().fallbacks() == []

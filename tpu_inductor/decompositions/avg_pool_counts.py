@@ -22,7 +22,10 @@ window needs after), pooled with no padding and no ceil (every window full:
 the window sum is the pool times its size), and divided by the same pool of
 a ``[1, 1, H, W]`` plane that holds 1 where eager counts an element: folded
 in microseconds, broadcast over batch and channels. Half-precision inputs
-are summed in float32, as eager's kernel does.
+are summed in float32, as eager's kernel does. Integer inputs are summed
+window by window (an integer pool truncates its mean, so the pool times its
+size lost the remainder: int64 ``avg_pool1d`` returned 0 for -1 and, with
+every count truncated to 0, ``INT64_MAX``) and divided truncating, as eager.
 
 Before: ``avg_pool2d(x, 3, 1, 1, count_include_pad=False)``.
 After: ``avg_pool2d(pad(x, 1), 3) * 9 / (avg_pool2d(pad(ones[1, 1, H, W], 1), 3) * 9)``.
@@ -66,19 +69,37 @@ def _as_window_sums(pool: torch._ops.OpOverload, spatial_dims: int) -> Callable:
             return NotImplemented  # every window divides by its full size: the op itself
         window = math.prod(kernel)
         compute = torch.float32 if x.dtype in _HALF else x.dtype
-        padded = pad_spatial(x.to(compute), pads, [p + e for p, e in zip(pads, extra)])
-        sums = pool(padded, kernel, strides, [0] * spatial_dims, False, True) * window
+
+        def window_sums(t: torch.Tensor) -> torch.Tensor:
+            if not compute.is_floating_point:  # an integer pool truncates each mean: sum the windows
+                return _integer_window_sums(t, kernel, strides)
+            return pool(t, kernel, strides, [0] * spatial_dims, False, True) * window
+
+        def divide(sums: torch.Tensor, divisor) -> torch.Tensor:
+            if not compute.is_floating_point:  # eager's integer pools truncate toward zero
+                return torch.div(sums, divisor, rounding_mode="trunc").to(x.dtype)
+            return (sums / divisor).to(x.dtype)
+
+        sums = window_sums(pad_spatial(x.to(compute), pads, [p + e for p, e in zip(pads, extra)]))
         if divisor_override is not None:
-            return (sums / divisor_override).to(x.dtype)
+            return divide(sums, divisor_override)
         plane = torch.ones((1,) * (x.dim() - spatial_dims) + tuple(sizes), dtype=compute, device=x.device)
         if count_include_pad:  # the padding counts, what the last ceil window adds past it does not
             counted = pad_spatial(pad_spatial(plane, pads, pads, value=1.0), [0] * spatial_dims, extra)
         else:
             counted = pad_spatial(plane, pads, [p + e for p, e in zip(pads, extra)])
-        counts = pool(counted, kernel, strides, [0] * spatial_dims, False, True) * window
-        return (sums / counts).to(x.dtype)
+        return divide(sums, window_sums(counted))
 
     return decomposition
+
+
+def _integer_window_sums(x: torch.Tensor, kernel: Sequence[int], strides: Sequence[int]) -> torch.Tensor:
+    """Each window's exact sum over ``x``'s last ``len(kernel)`` dims (no padding):
+    every spatial dim unfolded into windows, then the window dims summed."""
+    first = x.dim() - len(kernel)  # unfold appends each window dim last: the spatial dims stay put
+    for index, (size, step) in enumerate(zip(kernel, strides)):
+        x = x.unfold(first + index, size, step)
+    return x.sum(dim=tuple(range(-len(kernel), 0)))
 
 
 AVG_POOL_DECOMPOSITIONS: dict = {
