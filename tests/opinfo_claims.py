@@ -9,6 +9,8 @@ import torch
 # ops_not_lowered.md for the rest. Random ops (dropout, bernoulli, ...) and ops
 # whose output is uninitialized memory are never claimed.
 
+# Not claimed: ``narrow`` (its OpInfo samples with a tensor ``start`` slice by a
+# value read from the tensor, a data-dependent size that runs eagerly).
 FLOAT32_OPS = (
     # complex results as float32 parts (passes/complex_as_real_pairs.py).
     'cdouble', 'cfloat', 'chalf', 'complex', 'polar', 'view_as_complex',
@@ -50,7 +52,7 @@ FLOAT32_OPS = (
     'matmul', 'max.binary', 'max.reduction_no_dim', 'max.reduction_with_dim', 'maximum', 'mean',
     'meshgrid.list_of_tensors', 'meshgrid.variadic_tensors', 'min.binary',
     'min.reduction_no_dim', 'min.reduction_with_dim', 'minimum', 'mm', 'movedim', 'msort',
-    'mul', 'mv', 'nan_to_num', 'nanmean', 'nanquantile', 'nansum', 'narrow',
+    'mul', 'mv', 'nan_to_num', 'nanmean', 'nanquantile', 'nansum',
     'native_batch_norm', 'native_dropout_backward', 'native_layer_norm', 'ne', 'neg',
     'nn.functional.adaptive_avg_pool2d', 'nn.functional.adaptive_max_pool1d',
     'nn.functional.adaptive_max_pool2d', 'nn.functional.avg_pool1d', 'nn.functional.batch_norm',
@@ -139,7 +141,7 @@ INT64_OPS = (
     'masked_scatter', 'matmul', 'max.binary', 'max.reduction_no_dim', 'max.reduction_with_dim',
     'maximum', 'meshgrid.list_of_tensors', 'meshgrid.variadic_tensors', 'min.binary',
     'min.reduction_no_dim', 'min.reduction_with_dim', 'minimum', 'mm', 'movedim', 'msort',
-    'mul', 'mv', 'nan_to_num', 'nansum', 'narrow', 'native_dropout_backward', 'ne', 'neg',
+    'mul', 'mv', 'nan_to_num', 'nansum', 'native_dropout_backward', 'ne', 'neg',
     'nn.functional.avg_pool1d', 'nn.functional.channel_shuffle', 'nn.functional.conv1d',
     'nn.functional.conv2d', 'nn.functional.conv3d', 'nn.functional.conv_transpose1d',
     'nn.functional.conv_transpose2d', 'nn.functional.conv_transpose3d',
@@ -202,7 +204,7 @@ BFLOAT16_OPS = (
     'matmul', 'max.binary', 'max.reduction_no_dim', 'max.reduction_with_dim', 'maximum', 'mean',
     'meshgrid.list_of_tensors', 'meshgrid.variadic_tensors', 'min.binary',
     'min.reduction_no_dim', 'min.reduction_with_dim', 'minimum', 'mm', 'movedim', 'msort',
-    'mul', 'mv', 'nan_to_num', 'nanmean', 'nansum', 'narrow', 'native_batch_norm',
+    'mul', 'mv', 'nan_to_num', 'nanmean', 'nansum', 'native_batch_norm',
     'native_dropout_backward', 'native_layer_norm', 'ne', 'neg',
     'nn.functional.adaptive_avg_pool2d', 'nn.functional.adaptive_max_pool1d',
     'nn.functional.adaptive_max_pool2d', 'nn.functional.avg_pool1d', 'nn.functional.batch_norm',
