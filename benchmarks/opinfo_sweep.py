@@ -171,33 +171,42 @@ HALF_FLOAT_ULP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
 
 
 def _as_close_to_float32_as_eager(fn, tensors, actual, expected) -> Optional[str]:
-    """For bfloat16/float16 outputs that miss eager's tolerance: a note when every
-    one is no further than eager (plus one ulp) from the op computed in float32
-    on the same inputs, else None.
+    """For bfloat16/float16 outputs that miss eager's tolerance: :func:`float32_verdict`
+    against the op computed in float32 on the same inputs (None when it has no
+    float32 kernel for this sample).
 
     Eager's kernels compute half-precision ops in float32 and round once, as the
     device does (lowering/half_floats_in_float32.py), but their float32 steps
     differ (oneDNN's convolution, a batch norm's statistics), and in float16's
     sweep eager was the further from float32 in 13 of its 14 misses (up to
     8,500 ulps: ``grid_sampler_2d``), or overflowed where float32 did not
-    (``soft_margin_loss``'s ``inf``). The distance is relative, per element,
-    floored at a thousandth of the output's largest magnitude.
+    (``soft_margin_loss``'s ``inf``).
     """
+    import torch
+
+    half = {getattr(torch, name) for name in HALF_FLOAT_ULP}
+    upcast = [t.float() if t.dtype in half else t for t in tensors]
+    try:
+        in_float32 = _eager(fn, upcast, seed=0)
+    except Exception:  # noqa: BLE001 - an op with no float32 kernel for this sample
+        return None
+    return float32_verdict(actual, expected, in_float32)
+
+
+def float32_verdict(actual, expected, in_float32) -> Optional[str]:
+    """A note when every bfloat16/float16 output of ``actual`` is no further than
+    eager's (``expected``) plus one ulp from ``in_float32``, else None (also when
+    no output is half precision). The distance is relative, per element,
+    floored at a thousandth of the float32 output's largest finite magnitude."""
     import torch
     from torch.utils._pytree import tree_flatten
 
     half = {getattr(torch, name): ulp for name, ulp in HALF_FLOAT_ULP.items()}
     got, _ = tree_flatten(actual)
     want, _ = tree_flatten(expected)
-    if not any(isinstance(e, torch.Tensor) and e.dtype in half for e in want):
-        return None
-    upcast = [t.float() if t.dtype in half else t for t in tensors]
-    try:
-        in_float32, _ = tree_flatten(_eager(fn, upcast, seed=0))
-    except Exception:  # noqa: BLE001 - an op with no float32 kernel for this sample
-        return None
+    reference, _ = tree_flatten(in_float32)
     worst = []
-    for a, e, r in zip(got, want, in_float32):
+    for a, e, r in zip(got, want, reference):
         if not isinstance(e, torch.Tensor) or e.dtype not in half:
             continue
         r = r.float()
@@ -212,9 +221,10 @@ def _as_close_to_float32_as_eager(fn, tensors, actual, expected) -> Optional[str
             d = torch.where(torch.isnan(x) & torch.isnan(r), 0.0, d)
             return float(torch.nan_to_num(d, nan=float("inf")).amax())
 
-        if distance(a) > distance(e) + half[e.dtype]:
+        device, eager = distance(a), distance(e)
+        if device > eager + half[e.dtype]:
             return None
-        worst.append((distance(a), distance(e)))
+        worst.append((device, eager))
     if not worst:
         return None
     device, eager = max(w[0] for w in worst), max(w[1] for w in worst)

@@ -16,15 +16,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import tpu_inductor.report as report
+from benchmarks.opinfo_sweep import float32_verdict
 from tpu_inductor.lowering.half_floats_in_float32 import compute_half_floats_in_float32
 
 F = torch.nn.functional
 aten = torch.ops.aten
 convert = torch.ops.prims.convert_element_type.default
-
-ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
-"""The spacing of floats in [1, 2): one ulp relative, for a result of order 1."""
-
 
 def _inputs(dtype: torch.dtype, shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
@@ -44,16 +41,12 @@ CASES = {
 
 
 def assert_as_close_to_float32_as_eager(fn, x: torch.Tensor, out: torch.Tensor) -> None:
-    in_float32 = fn(x.float())
-    # Relative to each element, floored at a thousandth of the largest: gelu's
-    # small negative tail is where rounding each step in bf16 cancels.
-    floor = in_float32.abs().amax() * 1e-3
-
-    def distance(result: torch.Tensor) -> float:
-        assert result.dtype == x.dtype
-        return ((result.float() - in_float32).abs() / in_float32.abs().clamp(min=floor)).amax().item()
-
-    assert distance(out) <= distance(fn(x)) + ULP[x.dtype], (distance(out), distance(fn(x)))
+    """The OpInfo sweep's verdict on half precision: relative to each element,
+    floored at a thousandth of the largest (gelu's small negative tail is where
+    rounding each step in bf16 cancels)."""
+    eager = fn(x)
+    assert out.dtype == eager.dtype == x.dtype
+    assert float32_verdict(out, eager, fn(x.float())) is not None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
