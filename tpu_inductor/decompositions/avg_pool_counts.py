@@ -40,10 +40,9 @@ import torch
 
 from tpu_inductor.decompositions.convolution_backward import pad_spatial
 from tpu_inductor.decompositions.window_arguments import per_dim, pooled_size
+from tpu_inductor.half_precision import HALF_FLOATS
 
 aten = torch.ops.aten
-
-_HALF = (torch.bfloat16, torch.float16)
 
 
 def _as_window_sums(pool: torch._ops.OpOverload, spatial_dims: int) -> Callable:
@@ -68,7 +67,7 @@ def _as_window_sums(pool: torch._ops.OpOverload, spatial_dims: int) -> Callable:
         if divisor_override is None and not excludes_padding and not any(extra):
             return NotImplemented  # every window divides by its full size: the op itself
         window = math.prod(kernel)
-        compute = torch.float32 if x.dtype in _HALF else x.dtype
+        compute = torch.float32 if x.dtype in HALF_FLOATS else x.dtype
 
         def window_sums(t: torch.Tensor) -> torch.Tensor:
             if not compute.is_floating_point:  # an integer pool truncates each mean: sum the windows

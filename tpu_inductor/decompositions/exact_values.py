@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
+from tpu_inductor.half_precision import HALF_FLOATS
 from tpu_inductor.torch_api import pytorch_decomposition
 
 from tpu_inductor.decompositions.window_arguments import per_dim, pooled_size
 
 aten = torch.ops.aten
 
-_REDUCED_FLOATS = (torch.bfloat16, torch.float16)
 _EIGHT_BIT_INTEGERS = (torch.uint8, torch.int8)
 
 
@@ -209,7 +209,7 @@ def _threshold_backward_promoted(grad_output, self, threshold):
     dtype = torch.result_type(grad_output, self)
     if dtype == torch.bool or dtype.is_complex:
         return NotImplemented
-    compute = torch.float32 if dtype in _REDUCED_FLOATS else dtype
+    compute = torch.float32 if dtype in HALF_FLOATS else dtype
     if not compute.is_floating_point:
         threshold = int(threshold)
     return torch.where(self.to(compute) <= threshold, 0, grad_output.to(dtype))

@@ -23,6 +23,7 @@ import torch
 
 from tpu_inductor.decompositions.convolution_backward import output_gradient_windows, pad_spatial, tap_slice
 from tpu_inductor.decompositions.window_arguments import per_dim
+from tpu_inductor.half_precision import HALF_FLOATS
 
 aten = torch.ops.aten
 
@@ -99,7 +100,7 @@ def _max_pool_backward(dims: int) -> Callable:
         # The indices are positions within each input plane (eager's): add each
         # output's gradient there, summing where windows overlap; float16 and
         # bfloat16 sum in float32, as PyTorch's decomposition does.
-        wide = grad_output.dtype in (torch.float16, torch.bfloat16)
+        wide = grad_output.dtype in HALF_FLOATS
         planes = input.shape[:-dims]
         flat = torch.zeros(
             (*planes, math.prod(input.shape[-dims:])),

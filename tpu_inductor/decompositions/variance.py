@@ -22,15 +22,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-aten = torch.ops.aten
+from tpu_inductor.half_precision import HALF_FLOATS
 
-_REDUCED_FLOATS = (torch.bfloat16, torch.float16)
+aten = torch.ops.aten
 
 
 def _moments(x: torch.Tensor, dim: Optional[Sequence[int]], correction, keepdim: bool):
     """(variance, mean) accumulated in float32 (float64 for float64 inputs), not
     yet rounded to ``x``'s dtype; None where this cannot decide it statically."""
-    if x.dtype not in (*_REDUCED_FLOATS, torch.float32, torch.float64):
+    if x.dtype not in (*HALF_FLOATS, torch.float32, torch.float64):
         return None
     dims = list(range(x.dim())) if dim is None or len(dim) == 0 else [d % max(x.dim(), 1) for d in dim]
     count = 1

@@ -26,3 +26,7 @@ def apply_fixups(module: Any, *, for_cpu: bool) -> None:
         from tpu_inductor.lowering.cpu_dot_operands import arrange_dot_operands
 
         arrange_dot_operands(module)  # XLA:CPU's preferred matmul operand layouts
+    else:
+        from tpu_inductor.lowering.narrow_dot_operands import narrow_dot_operands
+
+        narrow_dot_operands(module)  # half operands for matmul units, float32 results

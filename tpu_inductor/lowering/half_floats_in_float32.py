@@ -17,20 +17,25 @@ by OpInfo's float16 samples and then measured against a float32 reference
 
 Here every op of an island with a half-precision float result and operand
 gets its half operands converted to float32, runs in float32, and has its
-half results converted back: exactly eager's one rounding per op. Left as
+half results converted back: eager's one rounding per op. A pointwise op's
+result that only the next such op reads stays in float32 (:func:`_unrounded`):
+one rounding per fused chain, as Inductor's generated code does. Left as
 they are: ops that only move, select or compare values (no rounding to
-gain: :data:`EXACT`), matmuls and convolutions (XLA accumulates their
-products in float32 on every platform, and a TPU's MXU takes bf16 operands:
-:data:`ACCUMULATE_IN_FLOAT32`), random draws (their bits are the draw)
-and in-place ops. An op asked for a half ``dtype`` (``sum(x, dtype=bf16)``)
-is asked for float32 and its result rounded. XLA fuses the conversions into
-the ops' loops. This replaced per-op decompositions of ``sum``, ``mean`` and
-``cumsum`` that did the same for those three.
+gain: :data:`EXACT`), matmuls and convolutions without a bias (XLA
+accumulates their products in float32 on every platform, and a TPU's MXU
+takes bf16 operands: :data:`ACCUMULATE_IN_FLOAT32`), random draws (their
+bits are the draw) and in-place ops. A matmul or convolution that adds a
+bias (:data:`BIAS_ARGUMENT`) computes in float32 like the rest. An op asked
+for a half ``dtype`` (``sum(x, dtype=bf16)``) is asked for float32 and its
+result rounded. XLA fuses the conversions into the ops' loops. This
+replaced per-op decompositions of ``sum``, ``mean`` and ``cumsum`` that did
+the same for those three.
 
 Applied at lowering, to the island's graph (static and symbolic paths):
 placement, kernel choice and the reports see the graph as traced. Converting
 the whole island in place is safe to repeat (a rewritten op no longer has a
-half operand) and to run eagerly (it is eager's arithmetic).
+half operand) and to run eagerly (it is eager's arithmetic, or closer to
+float32 where a chain skips a rounding).
 
 Before: ``%g = gelu(%x)`` with ``%x: bf16``;
 after: ``%x32 = convert(%x, f32); %g32 = gelu(%x32); %g = convert(%g32, bf16)``.
@@ -45,9 +50,8 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from tpu_inductor.half_precision import HALF_FLOATS, is_half
 from tpu_inductor.torch_api import detect_fake_mode
-
-HALF_FLOATS = (torch.bfloat16, torch.float16)
 
 EXACT = frozenset({
     # views and copies
@@ -77,6 +81,14 @@ ACCUMULATE_IN_FLOAT32 = frozenset({
 (its dots and convolutions take a float32 accumulator), whose operands a TPU
 wants in bf16."""
 
+BIAS_ARGUMENT = {"addmm": 0, "addmv": 0, "addbmm": 0, "baddbmm": 0, "linear": 2, "convolution": 2, "_convolution": 2}
+"""Where the products above that add a bias take it. Eager adds the bias to
+the float32 accumulator and rounds once; a half-precision dot rounds the
+product first, which is up to 10 ulps of the result where product and bias
+cancel (float16 ``linear`` in OpInfo). These compute in float32 like any
+other op; ``narrow_dot_operands.py`` hands the dot its half operands again
+on the platforms whose matmul units want them, keeping the float32 result."""
+
 RANDOM = frozenset({
     "rand_like", "randn_like", "randint_like", "bernoulli", "normal", "uniform", "exponential", "geometric",
     "cauchy", "log_normal", "native_dropout", "rrelu_with_noise", "multinomial",
@@ -84,6 +96,9 @@ RANDOM = frozenset({
 """Draws: computing a draw in float32 and rounding it is a different draw."""
 
 _LEFT_ALONE = EXACT | ACCUMULATE_IN_FLOAT32 | RANDOM
+
+_ROUNDED_BACK = "tpu_inductor_rounded_back"
+"""Meta key of the conversions back to half precision this rewrite adds."""
 
 
 def compute_half_floats_in_float32(gm: torch.fx.GraphModule) -> int:
@@ -104,22 +119,28 @@ def _packet_name(target: Any) -> Optional[str]:
     return target.overloadpacket.__name__
 
 
-def _is_half(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype in HALF_FLOATS
-
-
 def _computes_in_half(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     name = _packet_name(node.target)
-    if name is None or name in _LEFT_ALONE or name.endswith("_"):
+    if name is None or name.endswith("_"):
+        return False
+    if name in _LEFT_ALONE and not _adds_a_bias(node, name):
         return False
     value = node.meta.get("val")
     results = value if isinstance(value, (tuple, list)) else (value,)
-    if not any(_is_half(result) for result in results):
+    if not any(is_half(result) for result in results):
         return False
     asked_for_half = node.kwargs.get("dtype") in HALF_FLOATS
-    return asked_for_half or any(_is_half(arg.meta.get("val")) for arg in node.all_input_nodes)
+    return asked_for_half or any(is_half(arg.meta.get("val")) for arg in node.all_input_nodes)
+
+
+def _adds_a_bias(node: torch.fx.Node, name: str) -> bool:
+    position = BIAS_ARGUMENT.get(name)
+    if position is None:
+        return False
+    bias = node.args[position] if len(node.args) > position else node.kwargs.get("bias")
+    return isinstance(bias, torch.fx.Node) and is_half(bias.meta.get("val"))
 
 
 def _in_float32(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
@@ -133,11 +154,17 @@ def _in_float32(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         return converted
 
     upcast: dict[torch.fx.Node, torch.fx.Node] = {}
+    skipped_roundings = []
     with graph.inserting_before(node):
         for arg in node.all_input_nodes:
-            if _is_half(arg.meta.get("val")) and arg not in upcast:
-                upcast[arg] = convert(arg, torch.float32)
+            if is_half(arg.meta.get("val")) and arg not in upcast:
+                unrounded = _unrounded(arg)
+                if unrounded is not None:
+                    skipped_roundings.append(arg)
+                upcast[arg] = unrounded or convert(arg, torch.float32)
     node.args, node.kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: upcast.get(n, n))
+    for rounding in skipped_roundings:
+        graph.erase_node(rounding)  # a rounding of ours that only this op read
     if node.kwargs.get("dtype") in HALF_FLOATS:  # sum(x, dtype=bf16): accumulate in float32 all the same
         node.kwargs = {**node.kwargs, "dtype": torch.float32}
 
@@ -149,7 +176,7 @@ def _in_float32(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         _round_back(graph, node, value.dtype, convert)
         return
     for user in list(node.users):
-        if user.target is operator.getitem and _is_half(user.meta.get("val")):
+        if user.target is operator.getitem and is_half(user.meta.get("val")):
             dtype = user.meta["val"].dtype
             with fake_mode:
                 user.meta["val"] = _as_float32(user.meta["val"])
@@ -162,14 +189,33 @@ def _round_back(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype, 
     users = list(node.users)
     with graph.inserting_after(node):
         rounded = convert(node, dtype)
+    rounded.meta[_ROUNDED_BACK] = True
     for user in users:
         user.replace_input_with(node, rounded)
+
+
+def _unrounded(value: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The float32 result that ``value``, a rounding of ours, rounds, where the
+    op being rewritten is its only reader and a pointwise op made it; else None.
+
+    Such a chain is one of XLA's fused loops, and Inductor's generated code
+    keeps a fused chain in float32 and rounds once, where it stores: so does
+    this. PyTorch's ``addcdiv(x, a, b, value=v)`` reaches the backend as
+    Dynamo's ``x + (a / b) * v``: rounding after each of the three put
+    float16's OpInfo sample 2.7 ulps from eager's one rounding. A value read
+    twice (a residual stream) is rounded, as eager and Inductor store it.
+    """
+    if not value.meta.get(_ROUNDED_BACK) or len(value.users) != 1:
+        return None
+    source = value.args[0]
+    tags = getattr(source.target, "tags", ()) if source.op == "call_function" else ()
+    return source if torch.Tag.pointwise in tags else None
 
 
 def _as_float32(value: Any) -> Any:
     """``value`` (a FakeTensor or a tuple of them) with its half tensors as float32."""
     if isinstance(value, (tuple, list)):
         return type(value)(_as_float32(v) for v in value)
-    if not _is_half(value):
+    if not is_half(value):
         return value
     return torch.empty_strided(value.shape, value.stride(), dtype=torch.float32, device=value.device)

@@ -38,12 +38,11 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from tpu_inductor.half_precision import HALF_FLOATS
 from tpu_inductor.passes import convolution_taps as taps
 from tpu_inductor.passes.rewrite import GraphBuilder
 
 aten = torch.ops.aten
-
-_ACCUMULATE_IN_FLOAT32 = frozenset({torch.bfloat16, torch.float16})
 
 
 def depthwise_convolutions_as_taps(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -64,8 +63,7 @@ def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
     x, w = convolution.x, convolution.weight
     output = convolution.output_value
     channels, _, kernel_h, kernel_w = convolution.weight_value.shape
-    widened = output.dtype in _ACCUMULATE_IN_FLOAT32
-    if widened:
+    if output.dtype in HALF_FLOATS:
         x, w = (build.call(torch.ops.prims.convert_element_type.default, v, torch.float32) for v in (x, w))
     padded = taps.padded_input(build, x, convolution.padding)
     slices = taps.window_taps(
@@ -78,10 +76,7 @@ def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
             scale = build.call(aten.select.int, scales, 0, i * kernel_w + j)  # [1, C, 1, 1]
             term = build.call(aten.mul.Tensor, slices[i][j], scale)
             total = term if total is None else build.call(aten.add.Tensor, total, term)
-    # The bias joins in float32 too: float32 + half promotes to float32.
-    total = convolution.add_bias(build, total)
-    if widened:
-        total = build.call(torch.ops.prims.convert_element_type.default, total, output.dtype)
+    total = convolution.add_bias(build, total)  # the bias joins in float32 too, then one rounding
     if not total.meta["val"].is_contiguous():
         # The convolution's own (contiguous) layout, for any eager reader.
         total = build.call(aten.clone.default, total, memory_format=torch.contiguous_format)

@@ -68,6 +68,6 @@ def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
     weights = build.call(aten.view.default, w, [1, out_channels, in_channels])
     weights = build.call(aten.expand.default, weights, [batch, out_channels, in_channels])
     pixels = build.call(aten.view.default, x, [batch, in_channels, height * width])
-    product = build.call(aten.bmm.default, weights, pixels)
+    product = convolution.product(build, aten.bmm.default, weights, pixels)
     result = build.call(aten.view.default, product, [batch, out_channels, height, width])
     build.replace_anchor(convolution.add_bias(build, result))

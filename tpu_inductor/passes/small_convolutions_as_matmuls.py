@@ -91,7 +91,7 @@ def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
     patch_size = in_channels * kernel_h * kernel_w
     rows = build.call(aten.view.default, dense, [batch * out_height * out_width, patch_size])
     weight = build.call(aten.view.default, convolution.weight, [out_channels, patch_size])
-    product = build.call(aten.mm.default, rows, build.call(aten.t.default, weight))
+    product = convolution.product(build, aten.mm.default, rows, build.call(aten.t.default, weight))
     image = build.call(aten.view.default, product, [batch, out_height, out_width, out_channels])
     result = convolution.add_bias(build, build.call(aten.permute.default, image, [0, 3, 1, 2]))
     # The convolution's own (contiguous) layout, for any eager reader.

@@ -45,8 +45,10 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
-from tpu_inductor.torch_api import unset_fake_temporarily
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+
+from tpu_inductor.half_precision import HALF_FLOATS
+from tpu_inductor.torch_api import unset_fake_temporarily
 
 from tpu_inductor.passes.channels_last import (
     TO_CHANNELS_LAST,
@@ -72,7 +74,6 @@ faster than XLA:CPU's dot (MLP of benchmarks/perf.py under bfloat16 autocast:
 eager 2.4 ms, every dot in XLA 6.4 ms), while float32 dots measured even (MKL
 and XLA within 5% on every MLP and decoder shape), so timing them would only
 add compile time."""
-_HALF_PRECISION = frozenset({torch.bfloat16, torch.float16})
 
 EAGER_MARGIN = 0.9
 """Eager must take under 90% of XLA's time: a near tie stays on the device,
@@ -279,7 +280,7 @@ def _is_candidate(node: torch.fx.Node) -> bool:
     return (
         node.target in HALF_PRECISION_CANDIDATE_OPS
         and isinstance(value, torch.Tensor)
-        and value.dtype in _HALF_PRECISION
+        and value.dtype in HALF_FLOATS
     )
 
 
