@@ -3,9 +3,11 @@
 ``torch.testing._internal.common_modules.module_db`` describes ~110 ``nn``
 modules (convolutions, pools, norms, losses, RNNs, transformers, paddings ...)
 with sample constructor and forward inputs for each (``module_inputs_func``).
-For every module, every sample, float32 on the CPU, in training and eval mode
-(both only where the module's ``train_and_eval_differ`` says they differ, as
-PyTorch's own module tests do; ``--modes both`` runs both everywhere):
+For every module, every sample, float32 on the CPU (``--dtype bfloat16`` or
+``float16``: every module and input in that dtype, whatever dtypes the
+ModuleInfo declares), in training and eval mode (both only where the
+module's ``train_and_eval_differ`` says they differ, as PyTorch's own module
+tests do; ``--modes both`` runs both everywhere):
 
 * the module is built with seed 0 (so every run gets the same parameters),
   put in the mode, and called on clones of the sample's inputs (leaves that
@@ -31,6 +33,12 @@ lowered": passed with no eager fallback in that direction's graphs.
 
     python benchmarks/moduleinfo_sweep.py                       # everything, ~1,900 samples
     python benchmarks/moduleinfo_sweep.py --modules 'Conv2d|BatchNorm' --limit 40
+    python benchmarks/moduleinfo_sweep.py --dtype bfloat16                      # -> moduleinfo-bfloat16.json
+
+In half precision a sample outside tests/test_ops.py's tolerance for the dtype
+passes when every half output (and gradient) is no further than eager's plus
+one ulp from the same module run in float32 on the same (upcast) parameters
+and inputs, as in the OpInfo sweep (``passed_against_float32``).
 """
 
 from __future__ import annotations
@@ -47,12 +55,18 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import sweep_common as common  # noqa: E402
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "moduleinfo.json"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def default_out(dtype: str) -> Path:
+    return RESULTS / ("moduleinfo.json" if dtype == "float32" else f"moduleinfo-{dtype}.json")
 BACKENDS = ("tpu", "aot_eager")
 DIRECTIONS = ("forward", "backward")
-# float32 tolerances of tests/test_ops.py: XLA's CPU backend approximates
-# transcendental functions and reassociates reductions, a few ulp from ATen.
-TOLERANCE = {"forward": (1e-4, 1e-5), "backward": (1e-4, 1e-5)}
+# tests/test_ops.py's tolerances per dtype, forward and backward alike: XLA's
+# CPU backend approximates transcendental functions and reassociates
+# reductions, a few ulp from ATen. A half-precision miss is judged against
+# float32 as the OpInfo sweep does (sweep_common.float32_verdict).
+TOLERANCES = {"float32": (1e-4, 1e-5), "bfloat16": (3e-2, 3e-2), "float16": (1e-3, 1e-5)}
 
 
 # ---------------------------------------------------------------- enumerating
@@ -64,17 +78,17 @@ def _module_db() -> dict[str, Any]:
     return {info.name: info for info in module_db}
 
 
-_SAMPLES: dict[tuple[str, bool], list] = {}
+_SAMPLES: dict[tuple[str, bool, str], list] = {}
 
 
-def samples(info: Any, training: bool) -> list:
-    """The module's samples for one mode, generated the same way in every process."""
+def samples(info: Any, training: bool, dtype: str = "float32") -> list:
+    """The module's samples for one mode and dtype, generated the same way in every process."""
     import torch
 
-    key = (info.name, training)
+    key = (info.name, training, dtype)
     if key not in _SAMPLES:
         common.seeded(0)
-        _SAMPLES[key] = list(info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+        _SAMPLES[key] = list(info.module_inputs_func(info, device="cpu", dtype=getattr(torch, dtype),
                                                      requires_grad=True, training=training))
     return _SAMPLES[key]
 
@@ -101,17 +115,26 @@ class _Run:
     """One module instance called once (forward) and backpropagated (backward)."""
 
     def __init__(self, info: Any, sample: Any, training: bool, backend: Optional[str], seed: int,
-                 cache_dir: Optional[str] = None):
+                 cache_dir: Optional[str] = None, dtype: str = "float32", upcast: bool = False):
+        """The module in ``dtype``; ``upcast``: then in float32, its half
+        parameters and inputs upcast (the float32 verdict's reference)."""
         import torch
 
         common.seeded(0)
         constructor = sample.constructor_input
         module = info.module_cls(*constructor.args, **constructor.kwargs)
-        module.to(torch.float32)
-        module.train(training)
-        self.module = module
+        module.to(getattr(torch, dtype))
         self.args = common.clone_tree(sample.forward_input.args, keep_grad=True)
         self.kwargs = common.clone_tree(sample.forward_input.kwargs, keep_grad=True)
+        if upcast:
+            if info.is_lazy:  # its parameters as the half run draws them (at the first call, seed 0)
+                common.seeded(0)
+                with torch.no_grad():
+                    module(*self.args, **self.kwargs)
+            module.to(torch.float32)
+            self.args, self.kwargs = _upcast((self.args, self.kwargs))
+        module.train(training)
+        self.module = module
         if backend is None:
             self.call = module
         elif backend == "tpu":
@@ -150,8 +173,21 @@ def _grad(tensor: Any) -> Any:
     return None if tensor.grad is None else tensor.grad.detach().clone()
 
 
-def _differences(actual: Any, expected: Any, direction: str) -> list[str]:
-    rtol, atol = TOLERANCE[direction]
+def _upcast(tree: Any) -> Any:
+    """``tree`` with its half-precision tensors as float32 leaves that keep requires_grad."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def upcast(value: Any) -> Any:
+        if not (isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16)):
+            return value
+        return value.detach().float().requires_grad_(value.requires_grad)
+
+    return tree_map(upcast, tree)
+
+
+def _differences(actual: Any, expected: Any, direction: str, dtype: str = "float32") -> list[str]:
+    rtol, atol = TOLERANCES[dtype]
     if direction == "backward":
         problems = []
         for name in sorted(set(actual) | set(expected)):
@@ -167,7 +203,7 @@ def _differences(actual: Any, expected: Any, direction: str) -> list[str]:
     return problems[:5]
 
 
-def _reference(info: Any, sample: Any, training: bool) -> tuple[dict, dict]:
+def _reference(info: Any, sample: Any, training: bool, dtype: str) -> tuple[dict, dict]:
     """Eager's forward and backward, and whether eager is deterministic."""
     results = []
     # A lazy module draws its parameters in its first call: a second seed
@@ -175,14 +211,14 @@ def _reference(info: Any, sample: Any, training: bool) -> tuple[dict, dict]:
     # only the same-seed check.
     seeds = (0, 0) if info.is_lazy else (0, 0, 1)
     for seed in seeds:
-        run = _Run(info, sample, training, None, seed)
+        run = _Run(info, sample, training, None, seed, dtype=dtype)
         results.append((run.forward(), run.backward()))
     (forward, backward), checks = results[0], list(zip(("nondeterministic", "random"), results[1:]))
     note = {}
     for label, candidate in checks:
-        problems = _differences(candidate[0], forward, "forward")
+        problems = _differences(candidate[0], forward, "forward", dtype)
         if backward is not None and candidate[1] is not None:
-            problems += _differences(candidate[1], backward, "backward")
+            problems += _differences(candidate[1], backward, "backward", dtype)
         if problems:
             note = {"reference": label, "reference_detail": "; ".join(problems)[:300]}
             break
@@ -192,17 +228,48 @@ def _reference(info: Any, sample: Any, training: bool) -> tuple[dict, dict]:
 # ---------------------------------------------------------------- worker
 
 
+class _Judge:
+    """Compares a backend's forward or backward with eager's in one dtype; a
+    half-precision miss is judged against float32 (:func:`sweep_common.float32_verdict`),
+    whose reference run is made once, when first needed."""
+
+    def __init__(self, info: Any, sample: Any, training: bool, dtype: str, reference: dict):
+        self._make_float32 = lambda: _Run(info, sample, training, None, 0, dtype=dtype, upcast=True)
+        self._dtype = dtype
+        self._reference = reference
+        self._in_float32: Optional[dict] = None
+
+    def __call__(self, record: dict, actual: Any, direction: str) -> None:
+        expected = self._reference[direction]
+        problems = _differences(actual, expected, direction, self._dtype)
+        if problems and self._dtype != "float32":
+            closer = common.float32_verdict(actual, expected, self._float32()[direction])
+            if closer is not None:
+                record.update(outcome=common.PASS, note=closer, passed_against_float32=True)
+                return
+        record.update(outcome=common.MISMATCH if problems else common.PASS)
+        if problems:
+            record["error"] = "; ".join(problems)[:1000]
+
+    def _float32(self) -> dict:
+        if self._in_float32 is None:
+            run = self._make_float32()
+            self._in_float32 = {"forward": run.forward(), "backward": run.backward()}
+        return self._in_float32
+
+
 def run_task(task: dict, log: common.WorkerLog) -> None:
     import torch
 
     name, training, index = _parse_id(task["id"])
+    dtype = task.get("dtype", "float32")
     info = _module_db()[name]
-    sample = samples(info, training)[index]
+    sample = samples(info, training, dtype)[index]
     log.info(desc=sample.desc)
     reference = None
     with log.phase("eager") as record:
         try:
-            reference, note = _reference(info, sample, training)
+            reference, note = _reference(info, sample, training, dtype)
         except Exception as exc:  # noqa: BLE001
             record.update(common.describe(exc), error_kind="eager")
         else:
@@ -221,7 +288,8 @@ def run_task(task: dict, log: common.WorkerLog) -> None:
                 import tpu_inductor.report as report
 
                 report.reset()
-            run = _Run(info, sample, training, backend, 0, cache_dir)
+            run = _Run(info, sample, training, backend, 0, cache_dir, dtype=dtype)
+            judge = _Judge(info, sample, training, dtype, reference)
             failed = None
             with log.phase(f"{backend}:forward") as record:
                 try:
@@ -230,10 +298,7 @@ def run_task(task: dict, log: common.WorkerLog) -> None:
                     record.update(common.describe(exc))
                     failed = record
                 else:
-                    problems = _differences(actual, reference["forward"], "forward")
-                    record.update(outcome=common.MISMATCH if problems else common.PASS)
-                    if problems:
-                        record["error"] = "; ".join(problems)[:1000]
+                    judge(record, actual, "forward")
                 if backend == "tpu":
                     record.update(common.backend_facts(("forward", "inference")))
             with log.phase(f"{backend}:backward") as record:
@@ -247,11 +312,10 @@ def run_task(task: dict, log: common.WorkerLog) -> None:
                     except Exception as exc:  # noqa: BLE001
                         record.update(common.describe(exc))
                     else:
-                        problems = (["no output requires grad (eager's do)"] if grads is None
-                                    else _differences(grads, reference["backward"], "backward"))
-                        record.update(outcome=common.MISMATCH if problems else common.PASS)
-                        if problems:
-                            record["error"] = "; ".join(problems)[:1000]
+                        if grads is None:
+                            record.update(outcome=common.MISMATCH, error="no output requires grad (eager's do)")
+                        else:
+                            judge(record, grads, "backward")
                     if backend == "tpu":
                         record.update(common.backend_facts(("backward",)))
 
@@ -296,6 +360,8 @@ def summarise(records: dict[str, dict]) -> dict:
             if backend == "tpu":
                 counts["fully_lowered"] = sum(_phase(r, phase).get("outcome") == common.PASS
                                               and not _phase(r, phase).get("fallbacks") for r in rows)
+            counts["passed_against_float32"] = sum(bool(_phase(r, phase).get("passed_against_float32"))
+                                                   for r in rows)
             summary[phase] = counts
         summary[f"{direction}:tpu_fails_aot_eager_passes"] = sorted(
             r["id"] for r in rows
@@ -324,6 +390,11 @@ def table(summary: dict) -> str:
                          c["mismatch"], f"{c['error']} ({c['dynamo_errors']})", c["crash"], c["timeout"],
                          lowered, ratio])
     lines = [common.markdown_table(header, rows), ""]
+    judged = {p: summary[f"tpu:{p}"].get("passed_against_float32", 0) for p in DIRECTIONS}
+    if summary.get("dtype", "float32") != "float32":
+        lines.append(f"{summary['dtype']}: tpu passes against float32 (outside the dtype's tolerance of eager, "
+                     f"no further than eager from the module in float32): forward {judged['forward']}, "
+                     f"backward {judged['backward']}.")
     lines.append(f"{summary['samples']} samples of {summary['modules']} modules; {summary['eager_failed']} fail in "
                  f"eager and {summary['random_or_nondeterministic']} are random or nondeterministic in eager (not "
                  f"counted); backward: the {summary['with_backward']} counted samples with an output that requires "
@@ -349,7 +420,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--limit", type=int, help="first N samples")
     parser.add_argument("--samples-per-module", type=int, help="at most N samples per module and mode")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="modules and inputs in this dtype; a half-precision miss is judged against float32")
+    parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/moduleinfo[-DTYPE].json)")
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
 
@@ -359,10 +432,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         if args.modules and not re.search(args.modules, name):
             continue
         for training in _modes(info, args.modes):
-            count = len(samples(info, training))
+            count = len(samples(info, training, args.dtype))
             if args.samples_per_module is not None:
                 count = min(count, args.samples_per_module)
-            tasks += [{"id": task_id(name, training, i)} for i in range(count)]
+            tasks += [{"id": task_id(name, training, i), "dtype": args.dtype} for i in range(count)]
     if args.limit is not None:
         tasks = tasks[: args.limit]
     phases = ["eager"] + [f"{b}:{d}" for b in ("aot_eager", "tpu") for d in DIRECTIONS]
@@ -383,14 +456,15 @@ def main(argv: Optional[list[str]] = None) -> None:
         records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
                                    jobs=args.jobs, chunk=args.chunk, env=common.worker_env(scratch, args),
                                    workdir=scratch / "logs", timeout=args.timeout, progress=progress)
-    summary = summarise(records)
-    meta = {**common.environment(), "modes": args.modes, "tolerance": TOLERANCE, "timeout": args.timeout,
+    summary = {**summarise(records), "dtype": args.dtype}
+    meta = {**common.environment(), "dtype": args.dtype, "modes": args.modes,
+            "tolerance": TOLERANCES[args.dtype], "timeout": args.timeout,
             "selection": {"modules": args.modules, "limit": args.limit, "samples_per_module": args.samples_per_module,
                           "samples": len(tasks),
                           "partial": bool(args.modules or args.limit is not None or args.samples_per_module)},
             "jobs": args.jobs, "eager_kernels": args.eager_kernels,
             "seconds": round(time.perf_counter() - started, 1)}
-    common.finish(args.out, meta, summary, "samples", records, table(summary), f"{len(tasks)} samples")
+    common.finish(args.out or default_out(args.dtype), meta, summary, "samples", records, table(summary), f"{len(tasks)} samples")
 
 
 if __name__ == "__main__":

@@ -166,12 +166,8 @@ def _matches_on_torchs_generator(fn, tensors, expected) -> bool:
     return _same(actual, expected)
 
 
-HALF_FLOAT_ULP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
-"""One ulp relative (the spacing of floats in [1, 2)) of each half-precision dtype."""
-
-
 def _as_close_to_float32_as_eager(fn, tensors, actual, expected) -> Optional[str]:
-    """For bfloat16/float16 outputs that miss eager's tolerance: :func:`float32_verdict`
+    """For bfloat16/float16 outputs that miss eager's tolerance: ``sweep_common.float32_verdict``
     against the op computed in float32 on the same inputs (None when it has no
     float32 kernel for this sample).
 
@@ -184,51 +180,13 @@ def _as_close_to_float32_as_eager(fn, tensors, actual, expected) -> Optional[str
     """
     import torch
 
-    half = {getattr(torch, name) for name in HALF_FLOAT_ULP}
+    half = {getattr(torch, name) for name in common.HALF_FLOAT_ULP}
     upcast = [t.float() if t.dtype in half else t for t in tensors]
     try:
         in_float32 = _eager(fn, upcast, seed=0)
     except Exception:  # noqa: BLE001 - an op with no float32 kernel for this sample
         return None
-    return float32_verdict(actual, expected, in_float32)
-
-
-def float32_verdict(actual, expected, in_float32) -> Optional[str]:
-    """A note when every bfloat16/float16 output of ``actual`` is no further than
-    eager's (``expected``) plus one ulp from ``in_float32``, else None (also when
-    no output is half precision). The distance is relative, per element,
-    floored at a thousandth of the float32 output's largest finite magnitude."""
-    import torch
-    from torch.utils._pytree import tree_flatten
-
-    half = {getattr(torch, name): ulp for name, ulp in HALF_FLOAT_ULP.items()}
-    got, _ = tree_flatten(actual)
-    want, _ = tree_flatten(expected)
-    reference, _ = tree_flatten(in_float32)
-    worst = []
-    for a, e, r in zip(got, want, reference):
-        if not isinstance(e, torch.Tensor) or e.dtype not in half:
-            continue
-        r = r.float()
-        if r.numel() == 0:
-            continue
-        finite = r[torch.isfinite(r)]
-        floor = finite.abs().amax() * 1e-3 if finite.numel() else torch.tensor(1.0)
-
-        def distance(x):
-            x = x.float()
-            d = torch.where(x == r, 0.0, (x - r).abs() / r.abs().clamp(min=floor))
-            d = torch.where(torch.isnan(x) & torch.isnan(r), 0.0, d)
-            return float(torch.nan_to_num(d, nan=float("inf")).amax())
-
-        device, eager = distance(a), distance(e)
-        if device > eager + half[e.dtype]:
-            return None
-        worst.append((device, eager))
-    if not worst:
-        return None
-    device, eager = max(w[0] for w in worst), max(w[1] for w in worst)
-    return f"against float32: {device:.3g} relative, eager {eager:.3g}"
+    return common.float32_verdict(actual, expected, in_float32)
 
 
 def _compiled(fn, tensors, **options):

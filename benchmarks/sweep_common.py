@@ -101,6 +101,51 @@ def tpu_options(cache_dir: str) -> dict:
 # ---------------------------------------------------------------- comparison
 
 
+HALF_FLOAT_ULP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+"""One ulp relative (the spacing of floats in [1, 2)) of each half-precision dtype."""
+
+
+def float32_verdict(actual, expected, in_float32) -> Optional[str]:
+    """A note when every bfloat16/float16 output of ``actual`` is no further than
+    eager's (``expected``) plus one ulp from ``in_float32`` and every other
+    output matches eager's, else None (also when no output is half
+    precision). The distance is relative, per element, floored at a
+    thousandth of the float32 output's largest finite magnitude."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    half = {getattr(torch, name): ulp for name, ulp in HALF_FLOAT_ULP.items()}
+    got, _ = tree_flatten(actual)
+    want, _ = tree_flatten(expected)
+    reference, _ = tree_flatten(in_float32)
+    worst = []
+    for a, e, r in zip(got, want, reference):
+        if not isinstance(e, torch.Tensor) or e.dtype not in half:
+            if compare(a, e, 1e-4, 1e-5, limit=1):  # the rest as float32's tolerance, integers exactly
+                return None
+            continue
+        r = r.float()
+        if r.numel() == 0:
+            continue
+        finite = r[torch.isfinite(r)]
+        floor = finite.abs().amax() * 1e-3 if finite.numel() else torch.tensor(1.0)
+
+        def distance(x):
+            x = x.float()
+            d = torch.where(x == r, 0.0, (x - r).abs() / r.abs().clamp(min=floor))
+            d = torch.where(torch.isnan(x) & torch.isnan(r), 0.0, d)
+            return float(torch.nan_to_num(d, nan=float("inf")).amax())
+
+        device, eager = distance(a), distance(e)
+        if device > eager + half[e.dtype]:
+            return None
+        worst.append((device, eager))
+    if not worst:
+        return None
+    device, eager = max(w[0] for w in worst), max(w[1] for w in worst)
+    return f"against float32: {device:.3g} relative, eager {eager:.3g}"
+
+
 def compare(actual: Any, expected: Any, rtol: float, atol: float, path: str = "out",
             limit: int = 5) -> list[str]:
     """Differences between two output trees (empty when they match).

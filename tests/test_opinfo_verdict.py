@@ -1,4 +1,5 @@
-"""The OpInfo sweep's verdict on half-precision misses (benchmarks/opinfo_sweep.py).
+"""The sweeps' verdict on half-precision misses (benchmarks/sweep_common.py,
+used by the OpInfo and ModuleInfo sweeps).
 
 A bfloat16/float16 output outside eager's tolerance passes when it is no
 further than eager (plus one ulp) from the op computed in float32 on the same
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.opinfo_sweep import _as_close_to_float32_as_eager
+from benchmarks.sweep_common import float32_verdict
 
 
 def _mean_of_squares(x: torch.Tensor) -> torch.Tensor:
@@ -40,3 +42,12 @@ def test_an_overflow_fails_and_float32_outputs_are_not_judged_here():
     device = torch.full_like(eager, float("inf"))
     assert _as_close_to_float32_as_eager(_mean_of_squares, [X], device, eager) is None
     assert _as_close_to_float32_as_eager(_mean_of_squares, [X.float()], IN_FLOAT32 + 1, IN_FLOAT32) is None
+
+
+def test_the_other_outputs_must_still_match_eager():
+    """A close half output does not pass a sample whose integer (or float32) output differs."""
+    half = IN_FLOAT32.to(torch.float16)
+    indices = torch.arange(4)
+    assert float32_verdict((half, indices), (half, indices), (IN_FLOAT32, indices)) is not None
+    assert float32_verdict((half, indices + 1), (half, indices), (IN_FLOAT32, indices)) is None
+    assert float32_verdict((half, IN_FLOAT32 + 1), (half, IN_FLOAT32), (IN_FLOAT32, IN_FLOAT32)) is None
