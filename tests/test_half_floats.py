@@ -79,9 +79,10 @@ def test_an_op_reads_float32_operands_and_its_result_is_rounded_back_once():
     assert compute_half_floats_in_float32(gm) == 0  # nothing half is computed any more
 
 
-def test_a_chain_of_pointwise_ops_rounds_once_as_inductor_fuses_it():
+def test_a_chain_read_once_rounds_once_as_inductor_fuses_it():
     """Dynamo hands ``addcdiv(x, a, b, value=v)`` over as ``x + (a / b) * v``:
-    rounded after each op, float16's OpInfo sample was 2.7 ulps from eager's one rounding."""
+    rounded after each op, float16's OpInfo sample was 2.7 ulps from eager's
+    one rounding. A sum divided (a mean, decomposed) is one rounding too."""
     x, a, b = (_inputs(torch.float16, (64,), low, high) for low, high in ((4.0, 6.0), (2.0, 4.0), (-0.1, -0.05)))
     gm = _graph(lambda x, a, b: x + (a / b) * 3.14, x, a, b)
     assert compute_half_floats_in_float32(gm) == 3
@@ -89,6 +90,11 @@ def test_a_chain_of_pointwise_ops_rounds_once_as_inductor_fuses_it():
     assert len(roundings) == 1
     rounded_once = (x.float() + (a.float() / b.float()) * 3.14).to(torch.float16)
     torch.testing.assert_close(gm(x, a, b), rounded_once, rtol=0, atol=0)
+
+    gm = _graph(lambda x: (lambda e: (e.sum(-1) / 3, e + 1))(x.exp()), x.reshape(8, 8))
+    assert compute_half_floats_in_float32(gm) == 4
+    roundings = [n for n in gm.graph.nodes if n.target is convert and n.args[1] == torch.float16]
+    assert len(roundings) == 3  # exp (read twice), then one for each output
 
 
 def test_moves_products_float32_graphs_and_tuple_results():

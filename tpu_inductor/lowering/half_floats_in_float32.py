@@ -17,9 +17,9 @@ by OpInfo's float16 samples and then measured against a float32 reference
 
 Here every op of an island with a half-precision float result and operand
 gets its half operands converted to float32, runs in float32, and has its
-half results converted back: eager's one rounding per op. A pointwise op's
-result that only the next such op reads stays in float32 (:func:`_unrounded`):
-one rounding per fused chain, as Inductor's generated code does. Left as
+half results converted back: eager's one rounding per op. A result that
+only the next such op reads stays in float32 (:func:`_unrounded`): one
+rounding per fused chain, as Inductor's generated code does. Left as
 they are: ops that only move, select or compare values (no rounding to
 gain: :data:`EXACT`), matmuls and convolutions without a bias (XLA
 accumulates their products in float32 on every platform, and a TPU's MXU
@@ -196,20 +196,21 @@ def _round_back(graph: torch.fx.Graph, node: torch.fx.Node, dtype: torch.dtype, 
 
 def _unrounded(value: torch.fx.Node) -> Optional[torch.fx.Node]:
     """The float32 result that ``value``, a rounding of ours, rounds, where the
-    op being rewritten is its only reader and a pointwise op made it; else None.
+    op being rewritten is its only reader; else None.
 
-    Such a chain is one of XLA's fused loops, and Inductor's generated code
-    keeps a fused chain in float32 and rounds once, where it stores: so does
-    this. PyTorch's ``addcdiv(x, a, b, value=v)`` reaches the backend as
-    Dynamo's ``x + (a / b) * v``: rounding after each of the three put
-    float16's OpInfo sample 2.7 ulps from eager's one rounding. A value read
-    twice (a residual stream) is rounded, as eager and Inductor store it.
+    Such a pair is one of XLA's fused loops (a producer fused into its one
+    reader), and Inductor's generated code keeps a fused chain in float32 and
+    rounds once, where it stores: so does this. PyTorch's ``addcdiv(x, a, b,
+    value=v)`` reaches the backend as Dynamo's ``x + (a / b) * v``, and
+    ``mean`` as a sum and a division: rounding after each put float16's
+    OpInfo samples of ``addcdiv`` 2.7 ulps and of
+    ``multilabel_soft_margin_loss`` 5 ulps from float32, where eager's
+    kernels round once. A value read twice (a residual stream) is rounded,
+    as eager and Inductor store it.
     """
     if not value.meta.get(_ROUNDED_BACK) or len(value.users) != 1:
         return None
-    source = value.args[0]
-    tags = getattr(source.target, "tags", ()) if source.op == "call_function" else ()
-    return source if torch.Tag.pointwise in tags else None
+    return value.args[0]
 
 
 def _as_float32(value: Any) -> Any:
