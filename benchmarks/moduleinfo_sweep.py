@@ -60,6 +60,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def default_out(dtype: str) -> Path:
     return RESULTS / ("moduleinfo.json" if dtype == "float32" else f"moduleinfo-{dtype}.json")
+
+
 BACKENDS = ("tpu", "aot_eager")
 DIRECTIONS = ("forward", "backward")
 # tests/test_ops.py's tolerances per dtype, forward and backward alike: XLA's
@@ -127,10 +129,9 @@ class _Run:
         self.args = common.clone_tree(sample.forward_input.args, keep_grad=True)
         self.kwargs = common.clone_tree(sample.forward_input.kwargs, keep_grad=True)
         if upcast:
-            if info.is_lazy:  # its parameters as the half run draws them (at the first call, seed 0)
+            if info.is_lazy:  # its parameters as the half run draws them (at its first call, seed 0)
                 common.seeded(0)
-                with torch.no_grad():
-                    module(*self.args, **self.kwargs)
+                module.initialize_parameters(*self.args, **self.kwargs)
             module.to(torch.float32)
             self.args, self.kwargs = _upcast((self.args, self.kwargs))
         module.train(training)
@@ -175,11 +176,12 @@ def _grad(tensor: Any) -> Any:
 
 def _upcast(tree: Any) -> Any:
     """``tree`` with its half-precision tensors as float32 leaves that keep requires_grad."""
-    import torch
     from torch.utils._pytree import tree_map
 
+    from tpu_inductor.half_precision import is_half
+
     def upcast(value: Any) -> Any:
-        if not (isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16)):
+        if not is_half(value):
             return value
         return value.detach().float().requires_grad_(value.requires_grad)
 
