@@ -133,7 +133,7 @@ class _Run:
                 common.seeded(0)
                 module.initialize_parameters(*self.args, **self.kwargs)
             module.to(torch.float32)
-            self.args, self.kwargs = _upcast((self.args, self.kwargs))
+            self.args, self.kwargs = common.upcast_half((self.args, self.kwargs))
         module.train(training)
         self.module = module
         if backend is None:
@@ -172,20 +172,6 @@ class _Run:
 
 def _grad(tensor: Any) -> Any:
     return None if tensor.grad is None else tensor.grad.detach().clone()
-
-
-def _upcast(tree: Any) -> Any:
-    """``tree`` with its half-precision tensors as float32 leaves that keep requires_grad."""
-    from torch.utils._pytree import tree_map
-
-    from tpu_inductor.half_precision import is_half
-
-    def upcast(value: Any) -> Any:
-        if not is_half(value):
-            return value
-        return value.detach().float().requires_grad_(value.requires_grad)
-
-    return tree_map(upcast, tree)
 
 
 def _differences(actual: Any, expected: Any, direction: str, dtype: str = "float32") -> list[str]:

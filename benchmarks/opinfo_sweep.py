@@ -178,12 +178,8 @@ def _as_close_to_float32_as_eager(fn, tensors, actual, expected) -> Optional[str
     8,500 ulps: ``grid_sampler_2d``), or overflowed where float32 did not
     (``soft_margin_loss``'s ``inf``).
     """
-    import torch
-
-    half = {getattr(torch, name) for name in common.HALF_FLOAT_ULP}
-    upcast = [t.float() if t.dtype in half else t for t in tensors]
     try:
-        in_float32 = _eager(fn, upcast, seed=0)
+        in_float32 = _eager(fn, common.upcast_half(list(tensors)), seed=0)
     except Exception:  # noqa: BLE001 - an op with no float32 kernel for this sample
         return None
     return common.float32_verdict(actual, expected, in_float32)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from tpu_inductor.lowering.mlir_ops import producer
+
 _SIGNED = "#stablehlo<comparison_type SIGNED>"
 _UNSIGNED = "#stablehlo<comparison_type UNSIGNED>"
 _REDUCTIONS = ("stablehlo.reduce", "stablehlo.reduce_window")
@@ -133,11 +135,11 @@ def _extreme_kind(op: Any, element: Any, ir: Any) -> Optional[str]:
 
 def _splat_value(value: Any, ir: Any) -> Optional[int]:
     """The integer every element of constant ``value`` holds (unsigned reading), or None."""
-    producer = getattr(value.owner, "operation", None)
-    if producer is None or producer.name not in _CONSTANTS or "value" not in producer.attributes:
+    constant = producer(value)
+    if constant is None or constant.name not in _CONSTANTS or "value" not in constant.attributes:
         return None
     try:
-        attribute = ir.DenseIntElementsAttr(producer.attributes["value"])
+        attribute = ir.DenseIntElementsAttr(constant.attributes["value"])
     except (TypeError, ValueError):
         return None
     return int(attribute[0]) if attribute.is_splat else None

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tpu_inductor.lowering.mlir_ops import ops_where
+from tpu_inductor.lowering.mlir_ops import ops_where, producer
 
 WIDE_WEIGHT_ELEMENTS = 1 << 18
 """Below a 1 MB float32 weight the swap's extra transpose and barrier cost
@@ -103,10 +103,6 @@ def _fold(dot: Any, chain: list[Any], ir: Any) -> None:
         op.erase()
 
 
-def _producer(value: Any) -> Any:
-    return getattr(value.owner, "operation", None)  # a block argument has no operation
-
-
 def _permutation(transpose: Any, ir: Any) -> list[int]:
     return list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
 
@@ -117,9 +113,9 @@ def _foldable_rhs_chain(dot: Any, ir: Any) -> list[Any]:
     the transpose's input instead keeps the dot's result the same; else []."""
     from torch_mlir._mlir_libs._stablehlo import DotDimensionNumbers
 
-    chain = [_producer(dot.operands[1])]
+    chain = [producer(dot.operands[1])]
     while chain[-1] is not None and chain[-1].name == "stablehlo.broadcast_in_dim" and _is_identity(chain[-1], ir):
-        chain.append(_producer(chain[-1].operands[0]))
+        chain.append(producer(chain[-1].operands[0]))
     transpose = chain[-1]
     if transpose is None or transpose.name != "stablehlo.transpose":
         return []
@@ -217,10 +213,10 @@ def _qualifies(dot: Any, ir: Any) -> bool:
     from torch_mlir._mlir_libs._stablehlo import DotDimensionNumbers
 
     lhs, rhs = dot.operands[0], dot.operands[1]
-    producer = _producer(lhs)
-    if producer is None or producer.name != "stablehlo.transpose":
+    transpose = producer(lhs)
+    if transpose is None or transpose.name != "stablehlo.transpose":
         return False
-    if _permutation(producer, ir) != [1, 0]:
+    if _permutation(transpose, ir) != [1, 0]:
         return False
     numbers = DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
     if list(numbers.lhs_batching_dimensions) or list(numbers.lhs_contracting_dimensions) != [1]:

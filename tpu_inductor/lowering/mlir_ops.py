@@ -1,10 +1,10 @@
-"""Walking a StableHLO module for the fix-ups: the ops a test picks, and
-erasing side-effect-free ops whose results nobody uses (after a fix-up folds
-their users away)."""
+"""Walking a StableHLO module for the fix-ups: the ops a test picks, the op
+that produced a value, and erasing side-effect-free ops whose results nobody
+uses (after a fix-up folds their users away)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 def ops_where(module: Any, ir: Any, wanted: Callable[[Any], bool]) -> list[Any]:
@@ -20,6 +20,11 @@ def ops_where(module: Any, ir: Any, wanted: Callable[[Any], bool]) -> list[Any]:
     with module.context:
         module.operation.walk(visit)
     return found
+
+
+def producer(value: Any) -> Optional[Any]:
+    """The operation whose result ``value`` is; None for a block argument (a function's input)."""
+    return getattr(value.owner, "operation", None)
 
 
 PURE = frozenset({

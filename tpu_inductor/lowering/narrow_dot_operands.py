@@ -27,9 +27,9 @@ come from the same half type; a dot with one float32 operand is left alone.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from tpu_inductor.lowering.mlir_ops import erase_unused, ops_where
+from tpu_inductor.lowering.mlir_ops import erase_unused, ops_where, producer
 
 _PRODUCTS = ("stablehlo.dot_general", "stablehlo.convolution")
 _HALF_TYPES = ("bf16", "f16")
@@ -39,7 +39,7 @@ def narrow_dot_operands(module: Any) -> int:
     """Fold upcasts of half operands into float32 products, in place; how many products."""
     from torch_mlir import ir
 
-    products = ops_where(module, ir, lambda op: op.name in _PRODUCTS and _common_half_type(op, ir) is not None)
+    products = ops_where(module, ir, lambda op: op.name in _PRODUCTS and _upcast_from_one_half_type(op, ir))
     with module.context, ir.Location.unknown():
         for product in products:
             for index in range(2):
@@ -48,16 +48,14 @@ def narrow_dot_operands(module: Any) -> int:
     return len(products)
 
 
-def _common_half_type(product: Any, ir: Any) -> Optional[str]:
-    """The half type both operands of a float32 ``product`` were converted from, if they were."""
+def _upcast_from_one_half_type(product: Any, ir: Any) -> bool:
+    """Whether ``product`` is float32 and both its operands are converted to float32 from the same half type."""
     if str(ir.ShapedType(product.result.type).element_type) != "f32":
-        return None
-    sources = []
+        return False
+    sources = set()
     for operand in list(product.operands)[:2]:
-        owner = getattr(operand.owner, "operation", None)  # a block argument has no operation
-        if owner is None or owner.name != "stablehlo.convert":
-            return None
-        sources.append(str(ir.ShapedType(owner.operands[0].type).element_type))
-    if sources[0] != sources[1] or sources[0] not in _HALF_TYPES:
-        return None
-    return sources[0]
+        upcast = producer(operand)
+        if upcast is None or upcast.name != "stablehlo.convert":
+            return False
+        sources.add(str(ir.ShapedType(upcast.operands[0].type).element_type))
+    return len(sources) == 1 and sources <= set(_HALF_TYPES)

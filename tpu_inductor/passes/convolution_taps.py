@@ -61,9 +61,17 @@ class Convolution:
         rounds once, and a half product would round before the bias (0.9 ulp
         against eager's 0.5 on OpInfo's float16 ``conv2d``). :meth:`add_bias`
         rounds the sum."""
-        if self.bias is not None and self.output_value.dtype in HALF_FLOATS:
-            lhs, rhs = (build.call(prims.convert_element_type.default, side, torch.float32) for side in (lhs, rhs))
+        if self.bias is not None:
+            lhs, rhs = self.accumulating(build, lhs, rhs)
         return build.call(matmul, lhs, rhs)
+
+    def accumulating(self, build: GraphBuilder, *values: torch.fx.Node) -> tuple[torch.fx.Node, ...]:
+        """``values`` in the dtype this convolution accumulates in: float32 for
+        a half-precision convolution (eager's kernels sum in float32 and round
+        once), their own dtype otherwise. Converting half to float32 is exact."""
+        if self.output_value.dtype not in HALF_FLOATS:
+            return values
+        return tuple(build.call(prims.convert_element_type.default, value, torch.float32) for value in values)
 
     def add_bias(self, build: GraphBuilder, result: torch.fx.Node) -> torch.fx.Node:
         """``result`` ``[N, O, H, W]`` plus the bias per output channel, if there

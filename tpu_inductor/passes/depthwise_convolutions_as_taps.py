@@ -38,7 +38,6 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from tpu_inductor.half_precision import HALF_FLOATS
 from tpu_inductor.passes import convolution_taps as taps
 from tpu_inductor.passes.rewrite import GraphBuilder
 
@@ -63,8 +62,7 @@ def _rewrite(build: GraphBuilder, convolution: taps.Convolution) -> None:
     x, w = convolution.x, convolution.weight
     output = convolution.output_value
     channels, _, kernel_h, kernel_w = convolution.weight_value.shape
-    if output.dtype in HALF_FLOATS:
-        x, w = (build.call(torch.ops.prims.convert_element_type.default, v, torch.float32) for v in (x, w))
+    x, w = convolution.accumulating(build, x, w)  # the taps' sum in float32 for a half convolution, as eager's
     padded = taps.padded_input(build, x, convolution.padding)
     slices = taps.window_taps(
         build, padded, (kernel_h, kernel_w), convolution.stride, convolution.dilation, output.shape[2:]
