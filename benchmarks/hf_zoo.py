@@ -520,6 +520,65 @@ def compare(expected: Any, actual: Any, rtol: float = 1e-4, atol: float = 1e-4) 
     return problems
 
 
+def cast_floats(tree: Any, dtype: torch.dtype) -> Any:
+    """``tree`` (inputs, outputs) with its floating tensors in ``dtype``."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
+
+
+def compare_against_float64(expected: Any, actual: Any, float64: Any, tol: float) -> list[str]:
+    """Mismatch descriptions for a half-precision run (empty when every floating
+    tensor passes), with PyTorch's own accuracy check for Inductor's benchmark
+    suites (``torch._dynamo.utils.same`` given a float64 reference): a tensor
+    passes within ``tol`` of eager's, or when its root-mean-square error
+    against the same model run in float64 is at most 3x eager's plus
+    ``tol / 10`` (its default for half-precision results).
+    Elementwise tolerances cannot judge a whole model in bfloat16: eager's and
+    the device's roundings differ in order, and either can land an element
+    several ulps from the other while both stay as near float64 overall."""
+    from torch._dynamo.utils import rmse, same
+
+    want = dict(float_tensors(expected))
+    got = dict(float_tensors(actual))
+    reference = dict(float_tensors(float64))
+    problems = [f"{name}: missing under tpu" for name in want if name not in got]
+    for name, tensor in want.items():
+        other, exact = got.get(name), reference.get(name)
+        if other is None or exact is None:
+            continue
+        if other.shape != tensor.shape:
+            problems.append(f"{name}: shape {tuple(other.shape)} != {tuple(tensor.shape)}")
+            continue
+        tensor, other = tensor.detach(), other.detach().to(tensor.device, tensor.dtype)
+        if not same(tensor, other, fp64_ref=exact.detach(), tol=tol, equal_nan=True, log_error=_quiet):
+            eager_error, tpu_error = (rmse(exact.detach(), t.double()).item() for t in (tensor, other))
+            problems.append(f"{name}: RMSE to float64 {tpu_error:.3g} (eager's {eager_error:.3g})")
+    return problems
+
+
+def float64_error_ratios(expected: Any, actual: Any, float64: Any) -> dict[str, float]:
+    """Per floating tensor: the device's root-mean-square error against the
+    float64 run over eager's (1.0: as near as eager; tensors eager computes
+    exactly are left out)."""
+    from torch._dynamo.utils import rmse
+
+    got, reference = dict(float_tensors(actual)), dict(float_tensors(float64))
+    ratios = {}
+    for name, tensor in float_tensors(expected):
+        other, exact = got.get(name), reference.get(name)
+        if other is None or exact is None or other.shape != tensor.shape:
+            continue
+        eager_error = rmse(exact.detach(), tensor.detach().double()).item()
+        if eager_error > 0:
+            ratios[name] = rmse(exact.detach(), other.detach().double()).item() / eager_error
+    return ratios
+
+
+def _quiet(*args: Any) -> None:
+    """``same``'s report of a failure: the caller describes it instead."""
+
+
 def train_step(model: torch.nn.Module, inputs: dict[str, Any], call: Optional[Callable[..., Any]] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One SGD step on ``labels``: returns the loss and every parameter gradient."""
     model.train()

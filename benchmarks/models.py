@@ -17,6 +17,16 @@ timeout, so a native crash or a hang is counted, not fatal.
 
     python benchmarks/models.py --only gpt2,bert,vit --heads base,causal_lm
     python benchmarks/models.py -j 2 --timeout 120 --write-docs
+    python benchmarks/models.py --dtype bfloat16 --heads causal_lm -j 2 --write-docs
+
+``--dtype bfloat16`` (or ``float16``) builds each model and its floating
+inputs in that dtype. Eager's and the device's roundings then differ in
+order, so an output matches when it passes PyTorch's own accuracy check for
+Inductor's benchmarks against the model run in float64 on the same
+(upcast) weights (``hf_zoo.compare_against_float64``; tolerance 1e-3 for
+inference and 1e-2 for a training step, the defaults of PyTorch's
+Hugging Face benchmark suite). Results in ``models-<dtype>.json`` and their
+own table.
 
 Failures are grouped by root cause: the innermost exception's type and first
 line with numbers, shapes, addresses and quoted names normalised away; models
@@ -33,6 +43,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,10 +52,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "models.json"
 RESULTS_PAGE = ROOT / "docs" / "coverage.md"
-MARK_START, MARK_END = "<!-- models-table:start -->", "<!-- models-table:end -->"
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+HALF_PRECISION_TOL = {"inference": 1e-3, "train": 1e-2}
+"""``same``'s tolerance for a half-precision run (PyTorch's Hugging Face
+benchmark suite: ``get_tolerance_and_cosine_flag``'s defaults)."""
 BARS = {"tpu_ran": 98.0, "matched": 97.0, "fully_lowered": 85.0}
 TRAIN_BARS = {"tpu_ran": 95.0, "matched": 95.0}
 STAGES = ("tried", "built", "eager", "tpu_ran", "matched", "fully_lowered")
@@ -83,14 +95,27 @@ def _backend_facts() -> dict[str, Any]:
     }
 
 
+def default_out(dtype: str) -> Path:
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    return ROOT / "benchmarks" / "results" / f"models{suffix}.json"
+
+
+def _markers(dtype: str) -> tuple[str, str]:
+    name = "models" if dtype == "float32" else f"models-{dtype}"
+    return f"<!-- {name}-table:start -->", f"<!-- {name}-table:end -->"
+
+
 def _eager_inputs(built: Any, train: bool, seed: int) -> tuple[Optional[dict], Optional[str]]:
-    """The first candidate input dict eager accepts, or the last eager error."""
+    """The first candidate input dict eager accepts (its floating tensors in the
+    model's dtype), or the last eager error."""
     import torch
 
-    from benchmarks.hf_zoo import input_candidates
+    from benchmarks.hf_zoo import cast_floats, input_candidates
 
+    dtype = next(built.model.parameters()).dtype
     error = "skipped: inputs (no candidate for main input " f"{getattr(built.model, 'main_input_name', '?')!r})"
     for inputs in input_candidates(built.model, built.config, seed=seed, labels=train):
+        inputs = cast_floats(inputs, dtype)
         try:
             with torch.no_grad():
                 output = built.model(**inputs)
@@ -103,17 +128,50 @@ def _eager_inputs(built: Any, train: bool, seed: int) -> tuple[Optional[dict], O
     return None, error
 
 
+def _float64_reference(record: dict, model: Any, inputs: dict, run: Any) -> Any:
+    """``run(model, inputs)`` on copies in float64 (the weights upcast exactly),
+    or None when the model cannot run so (the record says why)."""
+    import torch
+
+    from benchmarks.hf_zoo import cast_floats
+
+    try:
+        torch.manual_seed(0)
+        return run(copy.deepcopy(model).to(torch.float64), cast_floats(inputs, torch.float64))
+    except Exception as exc:
+        record["float64_error"] = _describe(exc)
+        return None
+
+
+def _judge(record: dict, mode: str, expected: Any, actual: Any, float64: Any) -> list[str]:
+    """Mismatches of ``actual`` against eager's ``expected``: at float32's
+    tolerance, or for a half-precision run against the float64 reference."""
+    from benchmarks.hf_zoo import compare, compare_against_float64, float64_error_ratios
+
+    if record["dtype"] == "float32":
+        return compare(expected, actual, **TOLERANCE)
+    if float64 is None:
+        return [f"no float64 reference: {record['float64_error']}"]
+    ratios = float64_error_ratios(expected, actual, float64)
+    if ratios:
+        record["float64_error_ratio"] = {"median": statistics.median(ratios.values()), "max": max(ratios.values())}
+    return compare_against_float64(expected, actual, float64, HALF_PRECISION_TOL[mode])
+
+
 def _run_inference(record: dict, model: Any, inputs: dict) -> None:
     import torch
 
     import tpu_inductor.report as report
-    from benchmarks.hf_zoo import compare
 
-    # Both paths start from the same seed, so a random op (ViLT samples image
+    def infer(module: Any, kwargs: dict) -> Any:
+        with torch.no_grad():
+            return module(**kwargs)
+
+    # Every path starts from the same seed, so a random op (ViLT samples image
     # patches with multinomial) draws the same numbers.
     torch.manual_seed(0)
-    with torch.no_grad():
-        expected = model(**inputs)
+    expected = infer(model, inputs)
+    float64 = None if record["dtype"] == "float32" else _float64_reference(record, model, inputs, infer)
     torch._dynamo.reset()
     report.reset()
     compiled = torch.compile(model, backend="tpu", options={"cache": False})
@@ -124,20 +182,23 @@ def _run_inference(record: dict, model: Any, inputs: dict) -> None:
     finally:
         record.update(_backend_facts())
     record["status"] = "ran"
-    record["mismatches"] = compare(expected, actual, **TOLERANCE)[:10]
+    record["mismatches"] = _judge(record, "inference", expected, actual, float64)[:10]
 
 
 def _run_train(record: dict, model: Any, inputs: dict) -> None:
     import torch
 
     import tpu_inductor.report as report
-    from benchmarks.hf_zoo import compare, train_step
+    from benchmarks.hf_zoo import train_step
 
-    # Identical weights on both paths; each takes its own SGD step.
-    # Both paths start from the same seed, so any op still random draws the same numbers.
+    # Identical weights on every path; each takes its own SGD step.
+    # Every path starts from the same seed, so any op still random draws the same numbers.
     eager_model, tpu_model = copy.deepcopy(model), copy.deepcopy(model)
     torch.manual_seed(0)
     eager_loss, eager_grads = train_step(eager_model, inputs)
+    float64 = None
+    if record["dtype"] != "float32":
+        float64 = _float64_reference(record, model, inputs, lambda m, kwargs: _loss_and_grads(train_step(m, kwargs)))
     torch._dynamo.reset()
     report.reset()
     compiled = torch.compile(tpu_model, backend="tpu", options={"cache": False})
@@ -147,13 +208,17 @@ def _run_train(record: dict, model: Any, inputs: dict) -> None:
     finally:
         record.update(_backend_facts())
     record["status"] = "ran"
-    problems = compare({"loss": eager_loss}, {"loss": loss}, **TOLERANCE)
-    problems += [f"grad {name}: missing under tpu" for name in eager_grads if name not in grads]
-    problems += compare(eager_grads, grads, **TOLERANCE)
+    problems = [f"grad {name}: missing under tpu" for name in eager_grads if name not in grads]
+    problems += _judge(record, "train", _loss_and_grads((eager_loss, eager_grads)), _loss_and_grads((loss, grads)), float64)
     record["mismatches"] = problems[:10]
 
 
-def child(model_type: str, head: str, mode: str, result: Path, seed: int) -> None:
+def _loss_and_grads(step: tuple[Any, dict]) -> dict:
+    loss, grads = step
+    return {"loss": loss, "grads": grads}
+
+
+def child(model_type: str, head: str, mode: str, result: Path, seed: int, dtype: str = "float32") -> None:
     """Run one (architecture, head, mode); the record in ``result`` is rewritten
     after every stage so the parent knows how far a crash or timeout got."""
     import torch
@@ -162,7 +227,7 @@ def child(model_type: str, head: str, mode: str, result: Path, seed: int) -> Non
     from benchmarks.hf_zoo import BuildError, build_candidates
 
     transformers.logging.set_verbosity_error()
-    record: dict[str, Any] = {"model_type": model_type, "head": head, "mode": mode, "status": "building"}
+    record: dict[str, Any] = {"model_type": model_type, "head": head, "mode": mode, "status": "building", "dtype": dtype}
 
     def save() -> None:
         result.write_text(json.dumps(record))
@@ -173,6 +238,7 @@ def child(model_type: str, head: str, mode: str, result: Path, seed: int) -> Non
     inputs = None
     try:
         for built in build_candidates(model_type, head, seed=seed):
+            built.model.to(getattr(torch, dtype))
             record.update(status="built", tier=built.tier, attn=built.attn_implementation, params=built.num_params)
             save()
             inputs, error = _eager_inputs(built, train, seed)
@@ -204,12 +270,12 @@ def child(model_type: str, head: str, mode: str, result: Path, seed: int) -> Non
 # ---------------------------------------------------------------- parent
 
 
-def _run_task(task: tuple[str, str, str], timeout: float, seed: int) -> dict:
+def _run_task(task: tuple[str, str, str], timeout: float, seed: int, dtype: str) -> dict:
     model_type, head, mode = task
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         command = [sys.executable, str(Path(__file__).resolve()), "--child", model_type, head, mode,
-                   "--result", str(result), "--seed", str(seed)]
+                   "--result", str(result), "--seed", str(seed), "--dtype", dtype]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         started = time.perf_counter()
@@ -370,21 +436,23 @@ def _scope(args: argparse.Namespace, tasks: list[tuple[str, str, str]]) -> str:
 
 
 def results_table(summary: dict, meta: dict) -> str:
+    dtype = meta.get("dtype", "float32")
     lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     lines += ["| " + " | ".join(_format_row(k, g)) + " |" for k, g in sorted(summary["groups"].items())]
     scope = "partial sweep (" + meta["scope"] + ")" if meta.get("partial") else "full sweep"
     lines.append("")
-    lines.append(f"Last run: {meta['date']}, {scope}, transformers {meta['transformers']}, "
+    judged = "" if dtype == "float32" else f", {dtype}, judged against float64 (PyTorch's `same`)"
+    lines.append(f"Last run: {meta['date']}, {scope}{judged}, transformers {meta['transformers']}, "
                  f"torch {meta['torch']}, timeout {meta['timeout']:.0f} s per model. Percentages are of the "
                  "models that run in eager; ✓ marks a bar met (run ≥98%, match ≥97%, fully lowered ≥85%; "
                  "causal-LM training: run and match ≥95%).")
     return "\n".join(lines)
 
 
-def write_docs(table: str) -> None:
+def write_docs(table: str, dtype: str) -> None:
     from benchmarks.sweep_common import replace_between_markers
 
-    replace_between_markers(RESULTS_PAGE, (MARK_START, MARK_END), table)
+    replace_between_markers(RESULTS_PAGE, _markers(dtype), table)
 
 
 def _tasks(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -419,15 +487,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("-j", "--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per (model, head, mode)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the models' and inputs' floating dtype")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/models[-<dtype>].json")
     parser.add_argument("--resume", action="store_true", help="keep records already in --out, run the rest")
     parser.add_argument("--write-docs", action="store_true", help="regenerate the table in docs/coverage.md from --out")
     parser.add_argument("--child", nargs=3, metavar=("MODEL_TYPE", "HEAD", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(*args.child, result=args.result, seed=args.seed)
+        child(*args.child, result=args.result, seed=args.seed, dtype=args.dtype)
         return
+    args.out = args.out or default_out(args.dtype)
 
     import torch
     import transformers
@@ -443,13 +514,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         **environment(),
         "date": time.strftime("%Y-%m-%d"), "transformers": transformers.__version__,
         "timeout": args.timeout, "partial": not every, "jobs": args.jobs,
-        "scope": _scope(args, tasks),
+        "scope": _scope(args, tasks), "dtype": args.dtype,
     }
     records = [done[t] for t in tasks if t in done]
     todo = [t for t in tasks if t not in done]
     print(f"{len(tasks)} runs ({len(records)} reused), {args.jobs} at a time", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(_run_task, task, args.timeout, args.seed) for task in todo]
+        futures = [pool.submit(_run_task, task, args.timeout, args.seed, args.dtype) for task in todo]
         for future in concurrent.futures.as_completed(futures):
             record = future.result()
             records.append(record)
@@ -462,7 +533,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     print()
     print_summary(summary)
     if args.write_docs:
-        write_docs(results_table(summary, meta))
+        write_docs(results_table(summary, meta), args.dtype)
 
 
 if __name__ == "__main__":

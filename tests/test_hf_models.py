@@ -15,7 +15,9 @@ architectures from ``benchmarks/hf_zoo.py`` (the builder of the full sweep in
   gradient match an identical copy run eagerly;
 * what the backend achieves today is asserted exactly: the set of ops that
   run eagerly (empty = fully lowered) and the number of Dynamo graph breaks,
-  so a regression in lowering or tracing fails here.
+  so a regression in lowering or tracing fails here;
+* three of them in bfloat16 (the dtype TPUs run), judged against the same
+  model in float64 (below).
 
 Tolerance: rtol = atol = 1e-4, float32. XLA's CPU kernels and fused
 reductions sum in a different order than ATen's, so each result differs by a
@@ -38,7 +40,15 @@ from torch_versions import dynamo_breaks_on_deepcopy
 pytest.importorskip("transformers")
 
 import tpu_inductor.report as report
-from benchmarks.hf_zoo import BuildError, build_candidates, compare, input_candidates, train_step
+from benchmarks.hf_zoo import (
+    BuildError,
+    build_candidates,
+    cast_floats,
+    compare,
+    compare_against_float64,
+    input_candidates,
+    train_step,
+)
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-4)
 
@@ -181,3 +191,62 @@ def test_causal_lm_train_step_matches_eager(model_type: str, tmp_path) -> None:
     problems = compare({"loss": eager_loss, **eager_grads}, {"loss": loss, **grads}, **TOLERANCE)
     assert not problems, problems
     _assert_backend(*TRAIN[model_type])
+
+
+# bfloat16: eager's and the device's roundings differ in order, so single
+# elements of a whole model land several ulps apart while both stay as near
+# the exact result. Judged as PyTorch judges Inductor on its Hugging Face
+# suite: within 1e-3 of eager, or a root-mean-square error against the model
+# run in float64 (the same weights, upcast exactly) at most 3x eager's plus
+# 1e-4 (1e-2 and 1e-3 for a training step). Measured on these: the device's
+# RMSE 0.95x-1.05x eager's.
+BFLOAT16 = [("llama", "causal_lm"), ("bert", "base")]
+
+
+def _in_bfloat16(model_type: str, head: str, train: bool = False) -> tuple[torch.nn.Module, dict[str, Any]]:
+    model, inputs, _ = _prepare(model_type, head, train=train)
+    return model.to(torch.bfloat16), cast_floats(inputs, torch.bfloat16)
+
+
+@pytest.mark.parametrize("model_type,head", BFLOAT16, ids=[f"{m}-{h}" for m, h in BFLOAT16])
+def test_bfloat16_inference_as_near_float64_as_eager(model_type: str, head: str, tmp_path) -> None:
+    torch._dynamo.reset()
+    model, inputs = _in_bfloat16(model_type, head)
+    with torch.no_grad():
+        expected = model(**inputs)
+        exact = copy.deepcopy(model).double()(**cast_floats(inputs, torch.float64))
+        report.reset()
+        actual = _compile(model, tmp_path)(**inputs)
+    problems = compare_against_float64(expected, actual, exact, tol=1e-3)
+    assert not problems, problems
+    _assert_backend(frozenset(), 0)
+    assert len(report.current().islands()) == 1, "the whole model in one device island"
+
+
+def test_bfloat16_train_step_as_near_float64_as_eager(tmp_path) -> None:
+    torch._dynamo.reset()
+    model, inputs = _in_bfloat16("llama", "causal_lm", train=True)
+    eager_model, tpu_model, exact_model = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model).double()
+    eager_loss, eager_grads = train_step(eager_model, inputs)
+    exact_loss, exact_grads = train_step(exact_model, cast_floats(inputs, torch.float64))
+    report.reset()
+    loss, grads = train_step(tpu_model, inputs, call=_compile(tpu_model, tmp_path))
+    assert grads.keys() == eager_grads.keys()
+    problems = compare_against_float64(
+        {"loss": eager_loss, **eager_grads}, {"loss": loss, **grads}, {"loss": exact_loss, **exact_grads}, tol=1e-2
+    )
+    assert not problems, problems
+    _assert_backend(*TRAIN["llama"])
+
+
+def test_float64_verdict_rejects_a_wrong_result() -> None:
+    """The bfloat16 verdict can fail: a result off by a bfloat16 rounding per
+    element passes, one with a wrong sign in 1% of the elements does not."""
+    exact = torch.randn(64, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    eager = exact.to(torch.bfloat16)
+    rounded_otherwise = (exact * (1 + 2**-9)).to(torch.bfloat16)
+    assert compare_against_float64({"y": eager}, {"y": rounded_otherwise}, {"y": exact}, tol=1e-3) == []
+    wrong = eager.clone()
+    wrong.view(-1)[::100] *= -1
+    problems = compare_against_float64({"y": eager}, {"y": wrong}, {"y": exact}, tol=1e-3)
+    assert len(problems) == 1 and problems[0].startswith("out.y: RMSE to float64")

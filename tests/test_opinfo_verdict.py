@@ -6,6 +6,11 @@ further than eager (plus one ulp) from the op computed in float32 on the same
 inputs: eager rounds too, and on some ops (oneDNN's convolutions, a batch
 norm's statistics) it is the further of the two. A device result further
 from float32 than eager, or an overflow eager does not have, still fails.
+
+The ModuleInfo sweep's second verdict, for whole modules (attention,
+recurrent cells, losses) whose single elements cancel to near zero:
+PyTorch's own accuracy check for Inductor (root-mean-square error against
+float32 at most 3x eager's).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.opinfo_sweep import _as_close_to_float32_as_eager
-from benchmarks.sweep_common import float32_verdict
+from benchmarks.sweep_common import float32_verdict, rmse_verdict
 
 
 def _mean_of_squares(x: torch.Tensor) -> torch.Tensor:
@@ -51,3 +56,32 @@ def test_the_other_outputs_must_still_match_eager():
     assert float32_verdict((half, indices), (half, indices), (IN_FLOAT32, indices)) is not None
     assert float32_verdict((half, indices + 1), (half, indices), (IN_FLOAT32, indices)) is None
     assert float32_verdict((half, IN_FLOAT32 + 1), (half, IN_FLOAT32), (IN_FLOAT32, IN_FLOAT32)) is None
+
+
+GRADIENT = torch.linspace(-1.0, 1.0, 257)[:-1].reshape(16, 16)  # holds values next to zero
+
+
+def test_a_module_nearer_float32_overall_passes_by_rmse_where_one_element_stands_off():
+    """Where float32's element is zero (a gradient that cancels), the device
+    lands four ulps of the tensor's largest value off and eager exactly on it:
+    per element that is far past eager; over the tensor the device is nearer
+    float32 than eager, which is two ulps off everywhere else."""
+    eager = (GRADIENT * (1 + 2 * 2.0**-10)).to(torch.float16)  # two ulps off everywhere
+    device = GRADIENT.to(torch.float16)
+    device[8, 0] = 4 * 2.0**-10  # float32 holds 0 there: 3.9x the verdict's floor (1e-3 of the largest value)
+    assert float32_verdict(device, eager, GRADIENT) is None
+    note = rmse_verdict(device, eager, GRADIENT)
+    assert note is not None and note.startswith("against float32 by RMSE")
+
+
+def test_a_module_further_than_three_times_eager_fails_by_rmse():
+    eager = GRADIENT.to(torch.float16)
+    device = (GRADIENT * (1 + 16 * 2.0**-10)).to(torch.float16)  # every element 16 ulps off
+    assert rmse_verdict(device, eager, GRADIENT) is None
+
+
+def test_rmse_verdict_still_needs_the_other_outputs_to_match_eager():
+    half = GRADIENT.to(torch.float16)
+    indices = torch.arange(4)
+    assert rmse_verdict((half, indices), (half, indices), (GRADIENT, indices)) is not None
+    assert rmse_verdict((half, indices + 1), (half, indices), (GRADIENT, indices)) is None
