@@ -34,6 +34,7 @@ lowered": passed with no eager fallback in that direction's graphs.
     python benchmarks/moduleinfo_sweep.py                       # everything, ~1,900 samples
     python benchmarks/moduleinfo_sweep.py --modules 'Conv2d|BatchNorm' --limit 40
     python benchmarks/moduleinfo_sweep.py --dtype bfloat16                      # -> moduleinfo-bfloat16.json
+    python benchmarks/moduleinfo_sweep.py --dtype bfloat16 --modules GRUCell --update  # redo one module's samples
 
 In half precision a sample outside tests/test_ops.py's tolerance for the dtype
 passes when every half output (and gradient) is no further than eager's plus
@@ -47,6 +48,7 @@ against that float32 run (root-mean-square error at most 3x eager's:
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -421,6 +423,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="modules and inputs in this dtype; a half-precision miss is judged against float32")
     parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/moduleinfo[-DTYPE].json)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the records of --out's samples that this run does not redo")
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
 
@@ -454,7 +458,6 @@ def main(argv: Optional[list[str]] = None) -> None:
         records = common.run_tasks(tasks, [sys.executable, str(Path(__file__).resolve()), "--worker"],
                                    jobs=args.jobs, chunk=args.chunk, env=common.worker_env(scratch, args),
                                    workdir=scratch / "logs", timeout=args.timeout, progress=progress)
-    summary = {**summarise(records), "dtype": args.dtype}
     meta = {**common.environment(), "dtype": args.dtype, "modes": args.modes,
             "tolerance": TOLERANCES[args.dtype], "timeout": args.timeout,
             "selection": {"modules": args.modules, "limit": args.limit, "samples_per_module": args.samples_per_module,
@@ -462,7 +465,12 @@ def main(argv: Optional[list[str]] = None) -> None:
                           "partial": bool(args.modules or args.limit is not None or args.samples_per_module)},
             "jobs": args.jobs, "eager_kernels": args.eager_kernels,
             "seconds": round(time.perf_counter() - started, 1)}
-    common.finish(args.out or default_out(args.dtype), meta, summary, "samples", records, table(summary), f"{len(tasks)} samples")
+    out = args.out or default_out(args.dtype)
+    if args.update and out.exists():
+        records, meta = common.updated(json.loads(out.read_text()), "samples", records, meta)
+    summary = {**summarise(records), "dtype": args.dtype}
+    common.finish(out, meta, summary, "samples", records, table(summary), f"{len(tasks)} samples",
+                  seconds=time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -419,12 +419,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             "jobs": args.jobs, "eager_kernels": args.eager_kernels, "timeout": args.timeout,
             "seconds": round(time.perf_counter() - started, 1)}
     if args.update and args.out.exists():
-        # The earlier run's records stay where this one did not redo them; its meta
-        # stays, and this run is noted as an update of it.
         previous = json.loads(args.out.read_text())
-        records = {**previous["models"], **records}
-        meta = {**previous["meta"], "updates": [*previous["meta"].get("updates", []),
-                                                {**meta, "models": sorted(chosen.values())}]}
+        records, meta = common.updated(previous, "models", records, meta)
         chosen = previous["meta"]["selection"]["families"]
     summary = summarise(records, chosen)
     text = table(summary)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.opinfo_sweep import _as_close_to_float32_as_eager
-from benchmarks.sweep_common import float32_verdict, rmse_verdict
+from benchmarks.sweep_common import float32_verdict, further_than_eager, rmse_verdict
 
 
 def _mean_of_squares(x: torch.Tensor) -> torch.Tensor:
@@ -85,3 +85,20 @@ def test_rmse_verdict_still_needs_the_other_outputs_to_match_eager():
     indices = torch.arange(4)
     assert rmse_verdict((half, indices), (half, indices), (GRADIENT, indices)) is not None
     assert rmse_verdict((half, indices + 1), (half, indices), (GRADIENT, indices)) is None
+
+
+def test_small_values_are_judged_relative_to_their_size_where_eager_resolves_them():
+    """A deep layer's gradient of RMS 5e-5, eager 2% off and the device 25%
+    off (an expert that a flipped routing decision fed other tokens):
+    PyTorch's check alone passes it (its floors are absolute); here it fails.
+    A gradient that cancels to zero, eager's exactly 0 and the device's
+    rounding noise, still passes by the absolute floor."""
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.randn(256, generator=generator, dtype=torch.float64) * 5e-5
+    noise = torch.randn(256, generator=generator, dtype=torch.float64)
+    eager = (exact * (1 + 0.02 * noise)).to(torch.bfloat16)
+    device = (exact * (1 + 0.25 * noise)).to(torch.bfloat16)
+    assert further_than_eager(eager, eager, exact, tol=1e-2) is None
+    assert further_than_eager(eager, device, exact, tol=1e-2) is not None
+    cancelled = exact * 1e-3  # float32's rounding of a zero gradient
+    assert further_than_eager(torch.zeros(256, dtype=torch.float16), (noise * 1e-5).half(), cancelled, tol=1e-3) is None
