@@ -450,7 +450,7 @@ def results_table(summary: dict, meta: dict) -> str:
     lines += ["| " + " | ".join(_format_row(k, g)) + " |" for k, g in sorted(summary["groups"].items())]
     scope = "partial sweep (" + meta["scope"] + ")" if meta.get("partial") else "full sweep"
     lines.append("")
-    judged = "" if dtype == "float32" else f", {dtype}, judged against float64 (PyTorch's `same`)"
+    judged = "" if dtype == "float32" else f", {dtype}, judged against float64 (`sweep_common.further_than_eager`)"
     lines.append(f"Last run: {meta['date']}, {scope}{judged}, transformers {meta['transformers']}, "
                  f"torch {meta['torch']}, timeout {meta['timeout']:.0f} s per model. Percentages are of the "
                  "models that run in eager; ✓ marks a bar met (run ≥98%, match ≥97%, fully lowered ≥85%; "

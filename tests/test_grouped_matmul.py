@@ -67,6 +67,30 @@ def test_aten_grouped_mm_is_fully_lowered():
     assert report.current().fallbacks() == []
 
 
+def test_aten_grouped_mm_trains_fully_lowered():
+    """Autograd's backward of ``aten._grouped_mm`` calls it again over the
+    contracted dim (``_grouped_mm(input.T, grad, offs)``: each expert's weight
+    gradient from its rows), which bfloat16 MoE models train through. One
+    bfloat16 rounding of each float32 sum in both (torch.testing's bfloat16
+    tolerance)."""
+
+    def experts(input, weight, offs):
+        return torch.nn.functional.grouped_mm(input, weight, offs=offs)
+
+    input = torch.randn(ROWS, K, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(len(OFFSETS), K, 2 * N, dtype=torch.bfloat16, requires_grad=True)
+    offsets = torch.tensor([3, 3, 9, ROWS], dtype=torch.int32)  # expert 1 owns no row: a zero gradient
+    grad_output = torch.randn(ROWS, 2 * N, dtype=torch.bfloat16)
+    expected_grads = torch.autograd.grad(experts(input, weight, offsets), (input, weight), grad_output)
+    report.reset()
+    actual = torch.compile(experts, backend="tpu", options=OPTIONS)(input, weight, offsets)
+    actual_grads = torch.autograd.grad(actual, (input, weight), grad_output)
+    for got, want in zip(actual_grads, expected_grads):
+        torch.testing.assert_close(got, want)
+    assert not actual_grads[1][1].any()
+    assert report.current().fallbacks() == [] and len(report.current().islands()) == 2  # forward and backward
+
+
 def test_transformers_fallback_op_trains_fully_lowered():
     pytest.importorskip("transformers")
     import transformers.integrations.moe  # noqa: F401  (registers the op)

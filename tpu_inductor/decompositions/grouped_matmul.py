@@ -16,7 +16,11 @@ each row's own result, the way ``jax.lax.ragged_dot`` lowers on CPU and GPU:
             out = where(group == e, every, 0).sum(E)
 
 It costs E times the grouped matmul's multiplies, which is what XLA's own
-ragged dot pays off TPU. Masking with ``where`` (not a multiply by 0/1) keeps
+ragged dot pays off TPU. Its backward holds the other form, offsets over
+the contracted dim (``_grouped_mm(input.T, grad, offs)``, each expert's
+weight gradient from its own rows): masked the same way, a batched matmul
+(:func:`grouped_mm_over_k`); bfloat16 MoE models (which call
+``aten._grouped_mm``) train on the device with it. Masking with ``where`` (not a multiply by 0/1) keeps
 an inf or NaN in one expert's result out of every other row, and the sum over
 E adds exact zeros, so each row equals eager's single matmul. Rows past the
 last offset belong to no expert and stay zero, as in the eager loop.
@@ -52,23 +56,31 @@ def grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) ->
     return torch.where(owned, every, 0).sum(0)
 
 
+def grouped_mm_over_k(input: torch.Tensor, other: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``out[e] = input[:, k in group e] @ other[k in group e]`` for ``input
+    [M, K]``, ``other [K, N]``: ``[E, M, N]``, the terms of other groups
+    masked to exact zeros (a group with no ``k`` gives zeros)."""
+    owned = _row_experts(input.shape[1], offs, input.device).unsqueeze(1)  # [E, 1, K]
+    own_input = torch.where(owned, input.unsqueeze(0), 0)  # [E, M, K]
+    return torch.bmm(own_input, other.unsqueeze(0).expand(offs.shape[0], -1, -1))
+
+
 def grouped_mm_backward(
     input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, grad_output: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of :func:`grouped_mm`: each row's through its expert only."""
     grad_input = grouped_mm(grad_output, weight.transpose(1, 2), offs)
-    owned = _row_experts(input.shape[0], offs, input.device).unsqueeze(-1)  # [E, S, 1]
-    own_input = torch.where(owned, input.unsqueeze(0), 0)  # [E, S, K]
-    own_grad = torch.where(owned, grad_output.unsqueeze(0), 0)  # [E, S, N]
-    grad_weight = torch.bmm(own_input.transpose(1, 2), own_grad)  # [E, K, N]
+    grad_weight = grouped_mm_over_k(input.t(), grad_output, offs)  # [E, K, N]
     return grad_input, grad_weight
 
 
 def _aten_grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
-    """``aten._grouped_mm`` in its MoE form (2-D rows, 3-D experts, offsets)."""
-    if offs is None or bias is not None or self.dim() != 2 or mat2.dim() != 3:
+    """``aten._grouped_mm`` in its MoE forms: 2-D rows by 3-D experts (the
+    forward and the input gradient) and 2-D by 2-D over the contracted dim
+    (the weight gradient), with offsets."""
+    if offs is None or bias is not None or self.dim() != 2 or mat2.dim() not in (2, 3):
         return NotImplemented
-    out = grouped_mm(self, mat2, offs)
+    out = grouped_mm(self, mat2, offs) if mat2.dim() == 3 else grouped_mm_over_k(self, mat2, offs)
     return out if out_dtype is None else out.to(out_dtype)
 
 
