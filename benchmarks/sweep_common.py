@@ -121,6 +121,28 @@ def upcast_half(tree: Any) -> Any:
     return tree_map(upcast, tree)
 
 
+def _half_outputs(actual, expected, in_float32) -> Optional[list[tuple[Any, Any, Any]]]:
+    """(device, eager, float32) for each non-empty bfloat16/float16 output,
+    or None when another output differs from eager's (float32's tolerance,
+    integers exactly): the verdicts judge half outputs only."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    from tpu_inductor.half_precision import HALF_FLOATS
+
+    got, _ = tree_flatten(actual)
+    want, _ = tree_flatten(expected)
+    reference, _ = tree_flatten(in_float32)
+    halves = []
+    for a, e, r in zip(got, want, reference):
+        if not isinstance(e, torch.Tensor) or e.dtype not in HALF_FLOATS:
+            if compare(a, e, 1e-4, 1e-5, limit=1):
+                return None
+        elif r.numel():
+            halves.append((a, e, r))
+    return halves
+
+
 def float32_verdict(actual, expected, in_float32) -> Optional[str]:
     """A note when every bfloat16/float16 output of ``actual`` is no further than
     eager's (``expected``) plus one ulp from ``in_float32`` and every other
@@ -128,21 +150,11 @@ def float32_verdict(actual, expected, in_float32) -> Optional[str]:
     precision). The distance is relative, per element, floored at a
     thousandth of the float32 output's largest finite magnitude."""
     import torch
-    from torch.utils._pytree import tree_flatten
 
-    half = {getattr(torch, name): ulp for name, ulp in HALF_FLOAT_ULP.items()}
-    got, _ = tree_flatten(actual)
-    want, _ = tree_flatten(expected)
-    reference, _ = tree_flatten(in_float32)
+    halves = _half_outputs(actual, expected, in_float32)
     worst = []
-    for a, e, r in zip(got, want, reference):
-        if not isinstance(e, torch.Tensor) or e.dtype not in half:
-            if compare(a, e, 1e-4, 1e-5, limit=1):  # the rest as float32's tolerance, integers exactly
-                return None
-            continue
+    for a, e, r in halves or ():
         r = r.float()
-        if r.numel() == 0:
-            continue
         finite = r[torch.isfinite(r)]
         floor = finite.abs().amax() * 1e-3 if finite.numel() else torch.tensor(1.0)
 
@@ -153,7 +165,7 @@ def float32_verdict(actual, expected, in_float32) -> Optional[str]:
             return float(torch.nan_to_num(d, nan=float("inf")).amax())
 
         device, eager = distance(a), distance(e)
-        if device > eager + half[e.dtype]:
+        if device > eager + HALF_FLOAT_ULP[str(e.dtype).removeprefix("torch.")]:
             return None
         worst.append((device, eager))
     if not worst:
@@ -215,23 +227,13 @@ def rmse_verdict(actual, expected, in_float32) -> Optional[str]:
     bound fails on elements that cancel to near zero: in float16's
     ModuleInfo sweep the device's error over whole tensors was at most eager's
     on most of them while single elements stood further off than eager's."""
-    import torch
     from torch._dynamo.utils import rmse
-    from torch.utils._pytree import tree_flatten
 
-    from tpu_inductor.half_precision import HALF_FLOATS
-
-    got, _ = tree_flatten(actual)
-    want, _ = tree_flatten(expected)
-    reference, _ = tree_flatten(in_float32)
+    halves = _half_outputs(actual, expected, in_float32)
+    if not halves:
+        return None
     ratios = []
-    for a, e, r in zip(got, want, reference):
-        if not isinstance(e, torch.Tensor) or e.dtype not in HALF_FLOATS:
-            if compare(a, e, 1e-4, 1e-5, limit=1):
-                return None
-            continue
-        if r.numel() == 0:
-            continue
+    for a, e, r in halves:
         if further_than_eager(e, a, r, RMSE_TOL) is not None:
             return None
         exact = r.detach().double()
