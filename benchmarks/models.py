@@ -23,10 +23,10 @@ timeout, so a native crash or a hang is counted, not fatal.
 inputs in that dtype. Eager's and the device's roundings then differ in
 order, so an output matches when it passes PyTorch's own accuracy check for
 Inductor's benchmarks against the model run in float64 on the same
-(upcast) weights (``hf_zoo.compare_against_float64``; tolerance 1e-3 for
-inference and 1e-2 for a training step, the defaults of PyTorch's
-Hugging Face benchmark suite). Results in ``models-<dtype>.json`` and their
-own table.
+(upcast) weights, held relative to each tensor's size where eager resolves
+it (``hf_zoo.compare_against_float64``; tolerance 1e-3 for inference and
+1e-2 for a training step, the defaults of PyTorch's Hugging Face benchmark
+suite). Results in ``models-<dtype>.json`` and their own table.
 
 Failures are grouped by root cause: the innermost exception's type and first
 line with numbers, shapes, addresses and quoted names normalised away; models
