@@ -501,11 +501,14 @@ def float_tensors(value: Any, prefix: str = "out", depth: int = 0) -> Iterator[t
             yield from float_tensors(item, f"{prefix}.{key}", depth + 1)
 
 
-def compare(expected: Any, actual: Any, rtol: float = 1e-4, atol: float = 1e-4) -> list[str]:
-    """Mismatch descriptions (empty when every floating tensor matches)."""
+def _matching_tensors(expected: Any, actual: Any) -> tuple[list[str], list[tuple[str, torch.Tensor, torch.Tensor]]]:
+    """The floating tensors of two model outputs paired by path, (name,
+    expected, actual), after the problems that leave a tensor unpaired: one
+    missing under tpu, or of another shape."""
     want = dict(float_tensors(expected))
     got = dict(float_tensors(actual))
     problems = [f"{name}: missing under tpu" for name in want if name not in got]
+    pairs = []
     for name, tensor in want.items():
         other = got.get(name)
         if other is None:
@@ -513,9 +516,16 @@ def compare(expected: Any, actual: Any, rtol: float = 1e-4, atol: float = 1e-4) 
         if other.shape != tensor.shape:
             problems.append(f"{name}: shape {tuple(other.shape)} != {tuple(tensor.shape)}")
             continue
-        other = other.detach().to(tensor.device, tensor.dtype)
-        if not torch.allclose(other, tensor.detach(), rtol=rtol, atol=atol, equal_nan=True):
-            diff = (other - tensor.detach()).abs().nan_to_num(float("inf")).max().item()
+        pairs.append((name, tensor.detach(), other.detach().to(tensor.device, tensor.dtype)))
+    return problems, pairs
+
+
+def compare(expected: Any, actual: Any, rtol: float = 1e-4, atol: float = 1e-4) -> list[str]:
+    """Mismatch descriptions (empty when every floating tensor matches)."""
+    problems, pairs = _matching_tensors(expected, actual)
+    for name, tensor, other in pairs:
+        if not torch.allclose(other, tensor, rtol=rtol, atol=atol, equal_nan=True):
+            diff = (other - tensor).abs().nan_to_num(float("inf")).max().item()
             problems.append(f"{name}: max abs diff {diff:.3g}")
     return problems
 
@@ -527,53 +537,33 @@ def cast_floats(tree: Any, dtype: torch.dtype) -> Any:
     return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
 
 
-def compare_against_float64(expected: Any, actual: Any, float64: Any, tol: float) -> list[str]:
+def compare_against_float64(expected: Any, actual: Any, float64: Any, tol: float) -> tuple[list[str], dict[str, float]]:
     """Mismatch descriptions for a half-precision run (empty when every floating
     tensor passes): each tensor against the same model run in float64 (or
     float32, where a kernel has no float64) by PyTorch's own accuracy check for
     Inductor's benchmarks, held relative where eager resolves the tensor
-    (``sweep_common.further_than_eager``). Elementwise tolerances cannot judge
+    (``sweep_common.judge_against_exact``). Elementwise tolerances cannot judge
     a whole model in bfloat16: eager's and the device's roundings differ in
     order, and either can land an element several ulps from the other while
-    both stay as near float64 overall."""
-    from benchmarks.sweep_common import further_than_eager
+    both stay as near float64 overall.
 
-    want = dict(float_tensors(expected))
-    got = dict(float_tensors(actual))
+    Also, per tensor eager resolves (and does not compute exactly), the
+    device's error against the float64 run over eager's (1.0: as near as eager)."""
+    from benchmarks.sweep_common import judge_against_exact
+
+    problems, pairs = _matching_tensors(expected, actual)
     reference = dict(float_tensors(float64))
-    problems = [f"{name}: missing under tpu" for name in want if name not in got]
-    for name, tensor in want.items():
-        other, exact = got.get(name), reference.get(name)
-        if other is None or exact is None:
-            continue
-        if other.shape != tensor.shape:
-            problems.append(f"{name}: shape {tuple(other.shape)} != {tuple(tensor.shape)}")
-            continue
-        problem = further_than_eager(tensor, other, exact, tol)
-        if problem is not None:
-            problems.append(f"{name}: {problem}")
-    return problems
-
-
-def float64_error_ratios(expected: Any, actual: Any, float64: Any) -> dict[str, float]:
-    """Per floating tensor eager resolves (``sweep_common.RESOLVED``): the
-    device's root-mean-square error against the float64 run over eager's
-    (1.0: as near as eager)."""
-    from torch._dynamo.utils import rmse
-
-    from benchmarks.sweep_common import RESOLVED
-
-    got, reference = dict(float_tensors(actual)), dict(float_tensors(float64))
     ratios = {}
-    for name, tensor in float_tensors(expected):
-        other, exact = got.get(name), reference.get(name)
-        if other is None or exact is None or other.shape != tensor.shape:
+    for name, tensor, other in pairs:
+        exact = reference.get(name)
+        if exact is None:
             continue
-        exact = exact.detach().double()
-        eager_error = rmse(exact, tensor.detach().double()).item()
-        if 0 < eager_error <= RESOLVED * exact.pow(2).mean().sqrt().item():
-            ratios[name] = rmse(exact, other.detach().double()).item() / eager_error
-    return ratios
+        judgement = judge_against_exact(tensor, other, exact, tol)
+        if judgement.problem is not None:
+            problems.append(f"{name}: {judgement.problem}")
+        if judgement.resolved and judgement.eager_error > 0:
+            ratios[name] = judgement.device_error / judgement.eager_error
+    return problems, ratios
 
 
 def train_step(model: torch.nn.Module, inputs: dict[str, Any], call: Optional[Callable[..., Any]] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -11,6 +11,7 @@ names are re-exported here so each sweep imports one module.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -188,9 +189,26 @@ error over RMS): it is held to :data:`RMSE_MULTIPLIER` relative to that
 size too, not only to ``same``'s absolute floor."""
 
 
-def further_than_eager(eager: Any, device: Any, exact: Any, tol: float) -> Optional[str]:
-    """Why a half-precision ``device`` tensor is further than eager's from the
-    ``exact`` one (float64, or float32 judged as float64), or None when it is not.
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """A half-precision tensor against the exact one: root-mean-square errors
+    of eager's and the device's, the exact tensor's RMS, and why the device's
+    is too far (None when it is not)."""
+
+    eager_error: float
+    device_error: float
+    size: float
+    problem: Optional[str]
+
+    @property
+    def resolved(self) -> bool:
+        """Whether eager computes the tensor to within :data:`RESOLVED` of its size."""
+        return self.eager_error <= RESOLVED * self.size
+
+
+def judge_against_exact(eager: Any, device: Any, exact: Any, tol: float) -> Judgement:
+    """Whether a half-precision ``device`` tensor is further than eager's from
+    the ``exact`` one (float64, or float32 judged as float64).
 
     PyTorch's own accuracy check for Inductor's benchmark suites
     (``torch._dynamo.utils.same`` with a float64 reference): within ``tol``
@@ -208,17 +226,18 @@ def further_than_eager(eager: Any, device: Any, exact: Any, tol: float) -> Optio
     eager, device = eager.detach(), device.detach().to(eager.device, eager.dtype)
     eager_error, device_error = (rmse(exact, t.double()).item() for t in (eager, device))
     size = exact.pow(2).mean().sqrt().item() if exact.numel() else 0.0
-    description = f"RMSE to the exact result {device_error:.3g} (eager's {eager_error:.3g}, of a size {size:.3g})"
-    if not same(eager, device, fp64_ref=exact, tol=tol, equal_nan=True, log_error=_quiet):
-        return description
-    if eager_error <= RESOLVED * size and device_error > RMSE_MULTIPLIER * eager_error + tol / 10 * size:
-        return description
-    return None
+    judgement = Judgement(eager_error, device_error, size, None)
+    too_far = not same(eager, device, fp64_ref=exact, tol=tol, equal_nan=True, log_error=_quiet) or (
+        judgement.resolved and device_error > RMSE_MULTIPLIER * eager_error + tol / 10 * size)
+    if not too_far:
+        return judgement
+    problem = f"RMSE to the exact result {device_error:.3g} (eager's {eager_error:.3g}, of a size {size:.3g})"
+    return dataclasses.replace(judgement, problem=problem)
 
 
 def rmse_verdict(actual, expected, in_float32) -> Optional[str]:
     """A note when every bfloat16/float16 output of ``actual`` is no further
-    than eager's from ``in_float32`` by :func:`further_than_eager` and every
+    than eager's from ``in_float32`` by :func:`judge_against_exact` and every
     other output matches eager's, else None (also when no output is half
     precision).
 
@@ -227,19 +246,13 @@ def rmse_verdict(actual, expected, in_float32) -> Optional[str]:
     bound fails on elements that cancel to near zero: in float16's
     ModuleInfo sweep the device's error over whole tensors was at most eager's
     on most of them while single elements stood further off than eager's."""
-    from torch._dynamo.utils import rmse
-
     halves = _half_outputs(actual, expected, in_float32)
     if not halves:
         return None
-    ratios = []
-    for a, e, r in halves:
-        if further_than_eager(e, a, r, RMSE_TOL) is not None:
-            return None
-        exact = r.detach().double()
-        eager_error = rmse(exact, e.double()).item()
-        if eager_error <= RESOLVED * exact.pow(2).mean().sqrt().item():
-            ratios.append(rmse(exact, a.double()).item() / eager_error if eager_error else 1.0)
+    judgements = [judge_against_exact(e, a, r, RMSE_TOL) for a, e, r in halves]
+    if any(j.problem is not None for j in judgements):
+        return None
+    ratios = [j.device_error / j.eager_error if j.eager_error else 1.0 for j in judgements if j.resolved]
     return f"against float32 by RMSE: {max(ratios, default=0.0):.3g}x eager's where eager resolves the tensor"
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.opinfo_sweep import _as_close_to_float32_as_eager
-from benchmarks.sweep_common import float32_verdict, further_than_eager, rmse_verdict
+from benchmarks.sweep_common import float32_verdict, judge_against_exact, rmse_verdict
 
 
 def _mean_of_squares(x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +98,8 @@ def test_small_values_are_judged_relative_to_their_size_where_eager_resolves_the
     noise = torch.randn(256, generator=generator, dtype=torch.float64)
     eager = (exact * (1 + 0.02 * noise)).to(torch.bfloat16)
     device = (exact * (1 + 0.25 * noise)).to(torch.bfloat16)
-    assert further_than_eager(eager, eager, exact, tol=1e-2) is None
-    assert further_than_eager(eager, device, exact, tol=1e-2) is not None
+    assert judge_against_exact(eager, eager, exact, tol=1e-2).problem is None
+    assert judge_against_exact(eager, device, exact, tol=1e-2).problem is not None
     cancelled = exact * 1e-3  # float32's rounding of a zero gradient
-    assert further_than_eager(torch.zeros(256, dtype=torch.float16), (noise * 1e-5).half(), cancelled, tol=1e-3) is None
+    zero, rounding_noise = torch.zeros(256, dtype=torch.float16), (noise * 1e-5).half()
+    assert judge_against_exact(zero, rounding_noise, cancelled, tol=1e-3).problem is None
