@@ -193,6 +193,26 @@ def test_causal_lm_train_step_matches_eager(model_type: str, tmp_path) -> None:
     _assert_backend(*TRAIN[model_type])
 
 
+def test_flex_attention_llama_matches_sdpa(tmp_path) -> None:
+    """transformers' ``attn_implementation="flex_attention"``: its attention
+    (the flex_attention op with the model's causal and padding mask) runs on
+    the device, against the same model with PyTorch's SDPA in eager (eager
+    FlexAttention would compile itself with Inductor). Only the block mask's
+    stable sort runs eagerly (no lowering in torch-mlir); the graph breaks are
+    transformers', which compiles ``create_block_mask`` itself."""
+    torch._dynamo.reset()
+    model, inputs, expected = _prepare("llama", "causal_lm")
+    model.set_attn_implementation("flex_attention")
+    report.reset()
+    with torch.no_grad():
+        actual = _compile(model, tmp_path)(**inputs)
+    problems = compare(expected, actual, **TOLERANCE)
+    assert not problems, problems
+    current = report.current()
+    assert {f.op for f in current.fallbacks()} == {"aten.sort.stable"}  # flex_attention would be listed
+    assert current.repros == [], "an island failed to compile first time"
+
+
 # bfloat16: eager's and the device's roundings differ in order, so single
 # elements of a whole model land several ulps apart while both stay as near
 # the exact result. Judged as PyTorch judges Inductor on its Hugging Face

@@ -50,6 +50,10 @@ _NAMES: dict[str, tuple[str, str]] = {
     "CacheArtifact": ("torch.compiler._cache", "CacheArtifact"),
     "CacheArtifactFactory": ("torch.compiler._cache", "CacheArtifactFactory"),
     "CacheArtifactManager": ("torch.compiler._cache", "CacheArtifactManager"),
+    # FlexAttention's higher-order op and PyTorch's math implementation of it
+    # (passes/flex_attention_as_math.py).
+    "flex_attention_op": ("torch._higher_order_ops.flex_attention", "flex_attention"),
+    "flex_attention_math": ("torch._higher_order_ops.flex_attention", "math_attention"),
 }
 """Our name -> (module, attribute) of a private torch API, resolved on first use."""
 

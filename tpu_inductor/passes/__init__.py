@@ -20,6 +20,8 @@ from tpu_inductor.passes.complex_as_real_pairs import complex_as_real_pairs
 from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.empty_slices_at_the_end import empty_slices_at_the_end
+from tpu_inductor.passes.flex_attention_as_math import flex_attention_as_math
+from tpu_inductor.passes.inline_subgraph_calls import inline_subgraph_calls
 from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
 from tpu_inductor.passes.pad_into_convolution import pad_into_convolution
 from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
@@ -32,6 +34,10 @@ GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 # Correctness rewrites first (each works around a wrong lowering), then
 # simplification and cleanup.
 PIPELINE: tuple[GraphPass, ...] = (
+    # First, each a call of a subgraph made plain ATen ops, which the
+    # rewrites after them then see (a region's body may hold a flex_attention).
+    inline_subgraph_calls,
+    flex_attention_as_math,
     cuda_attention_as_cpu_attention,
     scalar_tensor_as_full,
     empty_as_zeros,

@@ -104,14 +104,14 @@ def inline_replacement(
                 outputs = torch.fx.map_arg(sub.args[0], lambda x: env[x])
                 break
             if sub.op == "get_attr":
-                name = f"_attention_constant_{len(gm.state_dict())}_{sub.target}"
-                setattr(gm, name, getattr(replacement, sub.target))
-                env[sub] = graph.get_attr(name)
+                env[sub] = graph.get_attr(_attach_constant(gm, getattr(replacement, sub.target), sub.target))
                 env[sub].meta = dict(sub.meta)
                 continue
             copied = graph.node_copy(sub, lambda x: env[x])
+            # Where the replacement's nodes have no source of their own (a
+            # make_fx trace), they take the replaced node's.
             for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-                if key in node.meta:
+                if key in node.meta and not copied.meta.get(key):
                     copied.meta[key] = node.meta[key]
             env[sub] = copied
     if isinstance(outputs, torch.fx.Node):
@@ -121,6 +121,21 @@ def inline_replacement(
             user.replace_all_uses_with(outputs[user.args[1]])
             graph.erase_node(user)
     graph.erase_node(node)
+
+
+def _attach_constant(gm: torch.fx.GraphModule, value: Any, name: str) -> str:
+    """Attach a traced replacement's constant to ``gm`` under a name no other
+    attribute has (replacements each number theirs from 0), as a buffer, the
+    way GraphModule itself keeps the tensors its graph reads."""
+    unique, count = f"_inlined_{name}", 0
+    while hasattr(gm, unique):
+        count += 1
+        unique = f"_inlined_{name}_{count}"
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        gm.register_buffer(unique, value)
+    else:
+        setattr(gm, unique, value)
+    return unique
 
 
 def runnable_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
