@@ -153,3 +153,72 @@ def test_stable_sort_runs_eagerly_without_a_failed_compile():
     torch.testing.assert_close(actual, order(x))
     assert {f.op for f in report.current().fallbacks()} == {"aten.sort.stable"}
     assert report.current().repros == []
+
+
+def _branchy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Data-dependent control flow: the log branch is NaN wherever the other is taken."""
+    y = x @ w
+    return torch.cond(y.sum() > 0, lambda y: y.log1p().sin(), lambda y: (y * 2).cos() + 1, (y,))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true-branch", "false-branch"])
+def test_cond_runs_both_branches_on_the_device_and_selects(sign):
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8).abs() * sign, torch.rand(8, 8)
+    expected = _branchy(x, w)
+    report.reset()
+    actual = torch.compile(_branchy, backend="tpu", options=OPTIONS)(x, w)
+    torch.testing.assert_close(actual, expected)
+    assert torch.isfinite(actual).all()  # the untaken branch's NaNs are not selected
+    _assert_on_device()
+
+
+def test_cond_trains_on_the_device():
+    """The forward's conditional and the backward's (AOTAutograd's own cond
+    over the branches' gradients), each selected."""
+    torch.manual_seed(0)
+    w = torch.rand(8, 8, requires_grad=True)
+
+    def loss(x):
+        return _branchy(x, w).pow(2).sum()
+
+    for x in (torch.rand(4, 8), -torch.rand(4, 8)):
+        torch._dynamo.reset()
+        expected = loss(x)
+        (expected_grad,) = torch.autograd.grad(expected, w)
+        report.reset()
+        actual = torch.compile(loss, backend="tpu", options=OPTIONS)(x)
+        (actual_grad,) = torch.autograd.grad(actual, w)
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(actual_grad, expected_grad)
+        _assert_on_device(expected_islands=2)
+
+
+def test_nested_cond():
+    def nested(x):
+        inner = lambda x: torch.cond(x.mean() > 0.5, lambda x: x + 1, lambda x: x - 1, (x,))
+        return torch.cond(x.sum() > 0, inner, lambda x: x * 3, (x,))
+
+    for x in (torch.rand(5), torch.rand(5) * 0.1, -torch.rand(5)):
+        torch._dynamo.reset()
+        report.reset()
+        torch.testing.assert_close(torch.compile(nested, backend="tpu", options=OPTIONS)(x), nested(x))
+        _assert_on_device()
+
+
+def test_cond_whose_branch_draws_random_numbers_stays_eager():
+    """Running the untaken branch would advance torch's generator where eager
+    does not: the conditional runs in eager, named in the report."""
+
+    def noisy(x):
+        return torch.cond(x.sum() > 0, lambda x: x + torch.rand_like(x), lambda x: x.clone(), (x,))
+
+    x = torch.rand(6)
+    torch.manual_seed(1)
+    expected = noisy(x)
+    report.reset()
+    compiled = torch.compile(noisy, backend="tpu", options={"cache": False, "fallback_random": True})
+    torch.manual_seed(1)
+    torch.testing.assert_close(compiled(x), expected)
+    (fallback,) = report.current().fallbacks()
+    assert fallback.op == "cond" and fallback.reason == "torch.cond stays eager: a branch draws random numbers"

@@ -17,6 +17,7 @@ from tpu_inductor.passes.as_strided_as_gather import as_strided_as_gather
 from tpu_inductor.passes.clamp_slice_bounds import clamp_slice_bounds
 from tpu_inductor.passes.cleanup import remove_dead_code
 from tpu_inductor.passes.complex_as_real_pairs import complex_as_real_pairs
+from tpu_inductor.passes.conditionals_as_selects import conditionals_as_selects
 from tpu_inductor.passes.cuda_attention import cuda_attention_as_cpu_attention
 from tpu_inductor.passes.empty_as_zeros import empty_as_zeros
 from tpu_inductor.passes.empty_slices_at_the_end import empty_slices_at_the_end
@@ -35,8 +36,10 @@ GraphPass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 # simplification and cleanup.
 PIPELINE: tuple[GraphPass, ...] = (
     # First, each a call of a subgraph made plain ATen ops, which the
-    # rewrites after them then see (a region's body may hold a flex_attention).
+    # rewrites after them then see (a region's body or a branch may hold a
+    # flex_attention).
     inline_subgraph_calls,
+    conditionals_as_selects,
     flex_attention_as_math,
     cuda_attention_as_cpu_attention,
     scalar_tensor_as_full,

@@ -87,15 +87,21 @@ def inline_replacement(
     gm: torch.fx.GraphModule,
     node: torch.fx.Node,
     replacement: torch.fx.GraphModule,
-    args: Sequence[torch.fx.Node],
+    args: Sequence[Any],
 ) -> None:
     """Splice ``replacement`` in place of ``node``: a node with one output,
     or one whose users are getitems of its outputs."""
+    replace_by_outputs(node, splice(gm, node, replacement, args))
+
+
+def splice(gm: torch.fx.GraphModule, node: torch.fx.Node, replacement: torch.fx.GraphModule, args: Sequence[Any]) -> Any:
+    """Copy ``replacement``'s nodes into ``gm`` before ``node``, its inputs
+    bound to ``args``; its outputs in ``gm`` (a node, or a tuple or list of them)."""
     graph = gm.graph
     env: dict[torch.fx.Node, Any] = {}
     placeholders = [n for n in replacement.graph.nodes if n.op == "placeholder"]
     env.update(zip(placeholders, args))
-    outputs: Sequence[Any] = ()
+    outputs: Any = ()
     with graph.inserting_before(node):
         for sub in replacement.graph.nodes:
             if sub.op == "placeholder":
@@ -114,6 +120,13 @@ def inline_replacement(
                 if key in node.meta and not copied.meta.get(key):
                     copied.meta[key] = node.meta[key]
             env[sub] = copied
+    return outputs
+
+
+def replace_by_outputs(node: torch.fx.Node, outputs: Any) -> None:
+    """Let ``outputs`` stand where ``node`` was (its getitem users take the
+    item they read), and drop ``node``."""
+    graph = node.graph
     if isinstance(outputs, torch.fx.Node):
         node.replace_all_uses_with(outputs)
     for user in list(node.users):

@@ -31,6 +31,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.decompositions.table import ATTENTION_OPS
 from tpu_inductor.analysis.tie_sensitive_ops import tie_order_reason
+from tpu_inductor.passes.conditionals_as_selects import EAGER_REASON as COND_EAGER_REASON
 from tpu_inductor.placement.placement import Decision
 
 
@@ -368,7 +369,8 @@ class SupportTable:
         if node.target in _ALWAYS_LOWERABLE:
             return None
         if not isinstance(node.target, torch._ops.OpOverload):
-            return Decision("unsupported", f"Python callable {op_key(node.target)} is not an ATen op")
+            reason = node.meta.get(COND_EAGER_REASON) or f"Python callable {op_key(node.target)} is not an ATen op"
+            return Decision("unsupported", reason)
         if node.target.namespace not in ("aten", "prims"):
             # A library's own op: torch-mlir imports it as an opaque operator.
             return Decision(
