@@ -140,21 +140,6 @@ def test_inlined_constants_keep_their_own_values():
     torch.testing.assert_close(gm(torch.zeros(3)), torch.tensor([11.0, 22.0, 33.0]))
 
 
-def test_stable_sort_runs_eagerly_without_a_failed_compile():
-    """torch-mlir lowers ``sort`` but not ``sort(stable=True)``: placement
-    knows it, so the island around it compiles the first time (no reproducer)."""
-
-    def order(x):
-        return torch.argsort(x * 2, dim=-1, stable=True) + 1
-
-    x = torch.randint(0, 3, (4, 50)).float()
-    report.reset()
-    actual = torch.compile(order, backend="tpu", options={"cache": False})(x)
-    torch.testing.assert_close(actual, order(x))
-    assert {f.op for f in report.current().fallbacks()} == {"aten.sort.stable"}
-    assert report.current().repros == []
-
-
 def _branchy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Data-dependent control flow: the log branch is NaN wherever the other is taken."""
     y = x @ w

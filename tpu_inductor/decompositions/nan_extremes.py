@@ -28,7 +28,7 @@ _KEY_TYPES = {
 }
 
 
-def _order_keys(x: torch.Tensor, largest: bool) -> torch.Tensor:
+def order_keys(x: torch.Tensor, largest: bool) -> torch.Tensor:
     """Integers that order as eager orders ``x``'s values, NaN at the ``largest`` end."""
     key_type = _KEY_TYPES[x.dtype]
     info = torch.iinfo(key_type)
@@ -43,7 +43,7 @@ def _index_reduction(op, largest: bool):
     def decomposition(x, dim=None, keepdim=False):
         if x.dtype not in _KEY_TYPES:
             return NotImplemented
-        return op(_order_keys(x, largest), dim, keepdim)
+        return op(order_keys(x, largest), dim, keepdim)
 
     return decomposition
 
@@ -54,7 +54,7 @@ def _value_and_index(largest: bool):
     def decomposition(x, dim, keepdim=False):
         if x.dtype not in _KEY_TYPES or x.dim() == 0:
             return NotImplemented
-        indices = index_op(_order_keys(x, largest), dim, True)
+        indices = index_op(order_keys(x, largest), dim, True)
         values = torch.gather(x, dim, indices)
         if not keepdim:
             indices, values = indices.squeeze(dim), values.squeeze(dim)

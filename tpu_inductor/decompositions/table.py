@@ -26,6 +26,7 @@ from tpu_inductor.decompositions.module_fast_paths import FAST_PATH_DECOMPOSITIO
 from tpu_inductor.decompositions.nan_extremes import NAN_EXTREME_DECOMPOSITIONS
 from tpu_inductor.decompositions.pooling_backward import POOLING_BACKWARD_DECOMPOSITIONS
 from tpu_inductor.decompositions.quantize_decompositions import quantize_decompositions
+from tpu_inductor.decompositions.stable_sort import STABLE_SORT_DECOMPOSITIONS
 from tpu_inductor.analysis.tie_sensitive_ops import keep_unsorted_topk
 from tpu_inductor.decompositions.variance import VARIANCE_DECOMPOSITIONS
 
@@ -407,6 +408,7 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(EXACT_VALUE_DECOMPOSITIONS)
+    table.update(STABLE_SORT_DECOMPOSITIONS)
     table.update(VARIANCE_DECOMPOSITIONS)
     table.update(NAN_EXTREME_DECOMPOSITIONS)
     table.update(CONVOLUTION_BACKWARD_DECOMPOSITIONS)

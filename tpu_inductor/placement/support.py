@@ -263,10 +263,9 @@ def _describe_value(value: object) -> str:
 def _known_bad_lowering(node: torch.fx.Node, key: str) -> Optional[str]:
     """Argument patterns that torch-mlir lowers to a wrong result or a crash, or not at all."""
     if node.target is torch.ops.aten.sort.stable:
-        # torch-mlir imports sort.default only (as an unstable stablehlo.sort,
-        # whose tie order on XLA:CPU is eager's unstable one: both libstdc++'s
-        # std::sort); stable=True (argsort's too) would only fail to compile.
-        return "torch-mlir has no lowering for sort(stable=True)"
+        # Left by decompositions/stable_sort.py for 64-bit values only;
+        # torch-mlir imports sort.default alone, so it would fail to compile.
+        return "torch-mlir has no lowering for sort(stable=True) of 64-bit values"
     schema_args = {a.name for a in node.target._schema.arguments}
     first = node.args[0] if node.args else None
     first_value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
