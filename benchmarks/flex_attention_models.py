@@ -23,7 +23,6 @@ Run: ``python benchmarks/flex_attention_models.py [--only llama,gemma3] [-j 2] [
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -146,11 +145,9 @@ def table(summary: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--worker":
-        common.worker_main(argv[1:], run_task)
+    parser = common.sweep_parser(argv, run_task, __doc__)
+    if parser is None:
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated model types (default: every flex-capable causal LM)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

@@ -47,7 +47,6 @@ against that float32 run (root-mean-square error at most 3x eager's:
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -409,11 +408,9 @@ def table(summary: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--worker":
-        common.worker_main(argv[1:], run_task)
+    parser = common.sweep_parser(argv, run_task, __doc__)
+    if parser is None:
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modules", help="regular expression a module name must contain (e.g. 'Conv2d|GRU')")
     parser.add_argument("--modes", choices=("pytorch", "both", "train", "eval"), default="pytorch",
                         help="pytorch: eval too only where train_and_eval_differ (as PyTorch's tests); both: always")

@@ -10,6 +10,7 @@ names are re-exported here so each sweep imports one module.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -17,10 +18,11 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from benchmarks.machine import cpu_description
 from benchmarks.sweep_workers import (  # noqa: F401  (re-exported for the sweeps)
@@ -473,6 +475,18 @@ def worker_env(scratch: Path, args: Any = None) -> dict:
     if hang_at:
         env[HANG_ENV] = ",".join(hang_at)
     return env
+
+
+def sweep_parser(argv: Optional[list[str]], run_task: Callable[[dict, WorkerLog], None], description: Optional[str],
+                 setup: Optional[Callable[[], None]] = None) -> Optional[argparse.ArgumentParser]:
+    """A sweep's command line: None where this process is one of its workers
+    (``--worker TASKS_FILE LOG_FILE``: it has run its tasks), else the parser,
+    to which the sweep adds its options (and :func:`add_worker_arguments`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        worker_main(argv[1:], run_task, setup=setup)
+        return None
+    return argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_worker_arguments(parser: Any) -> None:

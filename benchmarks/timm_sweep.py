@@ -54,7 +54,6 @@ beside it and put it on ``PYTHONPATH``, which the workers inherit.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -377,11 +376,9 @@ def table(summary: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--worker":
-        common.worker_main(argv[1:], run_task)
+    parser = common.sweep_parser(argv, run_task, __doc__)
+    if parser is None:
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", help="comma-separated timm model names (default: one per family)")
     parser.add_argument("--max-params", type=float, default=60e6,
                         help="leave out models with more parameters than this (default 60M)")

@@ -56,7 +56,6 @@ skipped).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -454,11 +453,9 @@ def table(summary: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--worker":
-        common.worker_main(argv[1:], run_task, setup=_setup_worker)
+    parser = common.sweep_parser(argv, run_task, __doc__, setup=_setup_worker)
+    if parser is None:
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite-dir", type=Path, required=True, help="torch-mlir source checkout (or extracted tree)")
     parser.add_argument("--filter", help="regular expression the test name must contain (re.search)")
     parser.add_argument("--limit", type=int, help="first N matching tests in name order")

@@ -86,6 +86,16 @@ def test_flex_attention_log_sum_exp():
     _assert_on_device()
 
 
+def _eager_and_compiled_step(loss, x: torch.Tensor, weight: torch.Tensor) -> tuple[tuple, tuple]:
+    """``(loss, its gradient for weight)`` in eager, then under backend="tpu" (report reset before)."""
+    expected = loss(x)
+    (expected_grad,) = torch.autograd.grad(expected, weight)
+    report.reset()
+    actual = torch.compile(loss, backend="tpu", options=OPTIONS)(x)
+    (actual_grad,) = torch.autograd.grad(actual, weight)
+    return (expected, expected_grad), (actual, actual_grad)
+
+
 @torch.compiler.nested_compile_region
 def _layer(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x @ weight) + x
@@ -101,11 +111,7 @@ def test_nested_compile_region_is_inlined():
     def loss(x):
         return _layer(_layer(x, weight), weight).pow(2).sum()
 
-    expected = loss(x)
-    (expected_grad,) = torch.autograd.grad(expected, weight)
-    report.reset()
-    actual = torch.compile(loss, backend="tpu", options=OPTIONS)(x)
-    (actual_grad,) = torch.autograd.grad(actual, weight)
+    (expected, expected_grad), (actual, actual_grad) = _eager_and_compiled_step(loss, x, weight)
     torch.testing.assert_close(actual, expected)
     # Each gradient element sums 8 x 16 products of values up to ~30: a few
     # ULPs of that magnitude apart when XLA sums in another order.
@@ -169,11 +175,7 @@ def test_cond_trains_on_the_device():
 
     for x in (torch.rand(4, 8), -torch.rand(4, 8)):
         torch._dynamo.reset()
-        expected = loss(x)
-        (expected_grad,) = torch.autograd.grad(expected, w)
-        report.reset()
-        actual = torch.compile(loss, backend="tpu", options=OPTIONS)(x)
-        (actual_grad,) = torch.autograd.grad(actual, w)
+        (expected, expected_grad), (actual, actual_grad) = _eager_and_compiled_step(loss, x, w)
         torch.testing.assert_close(actual, expected)
         torch.testing.assert_close(actual_grad, expected_grad)
         _assert_on_device(expected_islands=2)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from tpu_inductor.passes.rewrite import GraphBuilder, replace_by_outputs, splice
+from tpu_inductor.passes.rewrite import GraphBuilder, drop_inlined_subgraphs, replace_by_outputs, splice
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,7 @@ def conditionals_as_selects(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             _select(gm, node)
             selected += 1
     if selected:
-        gm.graph.eliminate_dead_code()
-        gm.delete_all_unused_submodules()
-        gm.recompile()
+        drop_inlined_subgraphs(gm)
         log.debug("torch.cond as selects: %d conditional(s)", selected)
     return gm
 

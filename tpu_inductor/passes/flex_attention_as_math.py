@@ -41,7 +41,7 @@ import torch
 import torch.fx
 
 from tpu_inductor import torch_api
-from tpu_inductor.passes.rewrite import inline_replacement, trace_replacement
+from tpu_inductor.passes.rewrite import drop_inlined_subgraphs, inline_replacement, trace_replacement
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,7 @@ def flex_attention_as_math(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in nodes:
         _replace(gm, node)
     if nodes:
-        gm.graph.eliminate_dead_code()
-        gm.delete_all_unused_submodules()
-        gm.recompile()
+        drop_inlined_subgraphs(gm)
         log.debug("flex_attention as math attention: %d call(s)", len(nodes))
     return gm
 

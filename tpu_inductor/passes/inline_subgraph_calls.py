@@ -19,7 +19,7 @@ import logging
 import torch
 import torch.fx
 
-from tpu_inductor.passes.rewrite import inline_replacement
+from tpu_inductor.passes.rewrite import drop_inlined_subgraphs, inline_replacement
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,6 @@ def inline_subgraph_calls(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             inline_replacement(gm, node, getattr(gm, body.target), operands)
             inlined += 1
     if inlined:
-        gm.graph.eliminate_dead_code()
-        gm.delete_all_unused_submodules()
-        gm.recompile()
+        drop_inlined_subgraphs(gm)
         log.debug("inlined %d call(s) of nested compile regions", inlined)
     return gm

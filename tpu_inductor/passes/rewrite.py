@@ -136,6 +136,15 @@ def replace_by_outputs(node: torch.fx.Node, outputs: Any) -> None:
     graph.erase_node(node)
 
 
+def drop_inlined_subgraphs(gm: torch.fx.GraphModule) -> None:
+    """After calls of subgraphs were inlined: drop what no node reads any
+    more (the get_attr of each subgraph, and the subgraph modules), and
+    regenerate the code."""
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+
+
 def _attach_constant(gm: torch.fx.GraphModule, value: Any, name: str) -> str:
     """Attach a traced replacement's constant to ``gm`` under a name no other
     attribute has (replacements each number theirs from 0), as a buffer, the
