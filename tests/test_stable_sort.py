@@ -40,10 +40,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.bool else t.view(torch.uint8)
 
 
-@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
-@pytest.mark.parametrize("dim", [-1, 0])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8, torch.bool],
-                         ids=str)
+CASES = [(dtype, -1, descending) for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8,
+                                               torch.bool) for descending in (False, True)]
+CASES.append((torch.float32, 0, True))  # across rows: three values per column
+
+
+@pytest.mark.parametrize("dtype,dim,descending", CASES, ids=[f"{d}-dim{i}-{'desc' if s else 'asc'}" for d, i, s in CASES])
 def test_stable_sort_on_the_device(dtype, dim, descending):
     def stable_sort(x):
         return torch.sort(x, dim=dim, descending=descending, stable=True)
