@@ -195,17 +195,22 @@ def test_nested_cond():
 
 def test_cond_whose_branch_draws_random_numbers_stays_eager():
     """Running the untaken branch would advance torch's generator where eager
-    does not: the conditional runs in eager, named in the report."""
+    does not: the conditional runs in eager, named in the report. The draw
+    sits in a nested conditional whose predicate holds, inside the branch not
+    taken: selecting the outer conditional would run the inner one, and draw."""
 
     def noisy(x):
-        return torch.cond(x.sum() > 0, lambda x: x + torch.rand_like(x), lambda x: x.clone(), (x,))
+        inner = lambda x: torch.cond(x.mean() > 0.5, lambda x: x + torch.rand_like(x), lambda x: x * 2, (x,))
+        return torch.cond(x[0] > 0, inner, lambda x: x.clone(), (x,))
 
-    x = torch.rand(6)
+    x = torch.tensor([-1.0, 2.0, 2.0, 2.0, 2.0, 2.0])  # outer: false; inner: true
     torch.manual_seed(1)
-    expected = noisy(x)
+    expected, expected_next_draw = noisy(x), torch.rand(3)
     report.reset()
     compiled = torch.compile(noisy, backend="tpu", options={"cache": False, "fallback_random": True})
     torch.manual_seed(1)
-    torch.testing.assert_close(compiled(x), expected)
+    actual, next_draw = compiled(x), torch.rand(3)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(next_draw, expected_next_draw)  # the generator moved as in eager
     (fallback,) = report.current().fallbacks()
     assert fallback.op == "cond" and fallback.reason == "torch.cond stays eager: a branch draws random numbers"

@@ -87,10 +87,8 @@ def _eager_reason(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
     if not isinstance(pred, torch.fx.Node) or not isinstance(pred.meta.get("val"), torch.Tensor):
         return "its predicate is not a tensor"
     branches = [getattr(gm, branch.target) for branch in (true_branch, false_branch)]
-    for branch in branches:
-        for sub in branch.graph.nodes:
-            if isinstance(sub.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in sub.target.tags:
-                return "a branch draws random numbers"
+    if any(_draws_random_numbers(branch) for branch in branches):
+        return "a branch draws random numbers"
     true_values, false_values = (_output_values(branch) for branch in branches)
     if len(true_values) != len(false_values):
         return "its branches return different numbers of results"
@@ -100,6 +98,20 @@ def _eager_reason(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str | None:
         if if_true.dtype != if_false.dtype or if_true.shape != if_false.shape:
             return "its branches' results differ in shape or dtype"
     return None
+
+
+def _draws_random_numbers(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether an op of ``graph_module``, or of a subgraph it calls (a nested
+    conditional's branches, which would run unconditionally once this one is
+    selected), draws from torch's generator."""
+    for node in graph_module.graph.nodes:
+        if isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags:
+            return True
+        if node.op == "get_attr":
+            called = getattr(graph_module, node.target)
+            if isinstance(called, torch.fx.GraphModule) and _draws_random_numbers(called):
+                return True
+    return False
 
 
 def _output_values(branch: torch.fx.GraphModule) -> list[Any]:
