@@ -15,11 +15,11 @@ A stable sort is the sort of the pairs ``(value, position)``; packed into one
 int64, ``value_key * 2**32 + position``, no two keys are equal, so any sort
 (stable or not, on any platform) orders them one way, the stable order. The
 value's key keeps its order in 32 bits: integers (and bool) as they are; a
-float (half floats widened exactly to float32) through its bits, negative
-ones with their magnitude bits flipped, ``-0.0`` as ``+0.0`` (equal in
-PyTorch) and every NaN as one positive NaN, above ``+inf`` (PyTorch sorts
-NaN last, ascending). Descending order takes the key's complement, so ties
-still come in input order. The values are gathered with the order found.
+float as the integer key ``argmax`` already reduces
+(``nan_extremes.order_keys``: its bits, negative ones with their magnitude
+bits flipped, ``-0.0`` as ``+0.0``, equal in PyTorch, and every NaN above
+every number: PyTorch sorts NaN last, ascending). Descending order takes the
+key's complement, so ties still come in input order. The values are gathered with the order found.
 
 int64 and float64 values need all 64 bits for themselves: those keep the
 op, which runs eagerly (placement/support.py knows it does not lower).
