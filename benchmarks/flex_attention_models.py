@@ -68,23 +68,14 @@ def _reference(model_type: str) -> tuple[Any, dict, Any, list[str]]:
     differs from that (empty: it agrees)."""
     import torch
 
-    from benchmarks.hf_zoo import build_candidates, compare, input_candidates
+    from benchmarks.hf_zoo import compare, first_eager_run
 
-    problems = []
-    for built in build_candidates(model_type, "causal_lm"):
-        for inputs in input_candidates(built.model, built.config):
-            try:
-                with torch.no_grad():
-                    default = built.model(**inputs)
-            except Exception as exc:  # noqa: BLE001 - try the next candidate
-                problems.append(common.describe(exc)["error"])
-                continue
-            built.model.set_attn_implementation(FLEX)
-            torch._dynamo.reset()
-            with torch.no_grad():
-                flex = torch.compile(built.model, backend="eager")(**inputs)
-            return built.model, inputs, flex, compare(flex, default, **TOLERANCE)
-    raise RuntimeError(f"no input eager accepts: {problems[:1]}")
+    built, inputs, default = first_eager_run(model_type, "causal_lm")
+    built.model.set_attn_implementation(FLEX)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        flex = torch.compile(built.model, backend="eager")(**inputs)
+    return built.model, inputs, flex, compare(flex, default, **TOLERANCE)
 
 
 def run_task(task: dict, log: common.WorkerLog) -> None:
@@ -135,11 +126,7 @@ def summarise(records: dict[str, dict]) -> dict:
                                for r, p in zip(counted, phases) if p.get("outcome") != common.PASS)
     summary["eager_failed"] = sorted(f"{r['id']}: {r['phases'].get('eager', {}).get('error', '')[:120]}"
                                      for r in records.values() if r not in counted)
-    fallbacks: dict[str, list[str]] = {}
-    for r, p in zip(counted, phases):
-        for op in p.get("fallbacks", []):
-            fallbacks.setdefault(op, []).append(r["id"])
-    summary["fallback_ops"] = {op: sorted(ids) for op, ids in sorted(fallbacks.items())}
+    summary["fallback_ops"] = common.fallback_ops(counted, phases)
     return summary
 
 

@@ -327,6 +327,27 @@ def build_candidates(model_type: str, head: str, seed: int = 0) -> Iterator[Buil
         raise BuildError("; ".join(reasons))
 
 
+class NoEagerInput(Exception):
+    """A model was built, but eager runs none of its candidate inputs."""
+
+
+def first_eager_run(model_type: str, head: str, labels: bool = False) -> tuple[Built, dict[str, Any], Any]:
+    """The first tiny model (:func:`build_candidates`) and candidate input
+    (:func:`input_candidates`) that eager runs, with eager's output (no grad).
+
+    Raises :class:`BuildError` when nothing builds and :class:`NoEagerInput`
+    (naming the first eager error) when no input runs."""
+    errors = []
+    for built in build_candidates(model_type, head):
+        for inputs in input_candidates(built.model, built.config, labels=labels):
+            try:
+                with torch.no_grad():
+                    return built, inputs, built.model(**inputs)
+            except Exception as exc:  # noqa: BLE001 - try the next candidate
+                errors.append(f"{type(exc).__name__}: {first_line(exc)}")
+    raise NoEagerInput(errors[0] if errors else "no candidate input")
+
+
 def _instantiate(head: str, config: Any, seed: int) -> tuple[torch.nn.Module, str]:
     """The model with SDPA attention, or eager attention when SDPA is unsupported."""
     errors = []

@@ -380,6 +380,16 @@ def pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
+def fallback_ops(records: list[dict], phases: list[dict]) -> dict[str, list[str]]:
+    """Op -> the ids of the records whose paired phase ran it eagerly (its
+    ``fallbacks``, from :func:`backend_facts`), sorted."""
+    ids_by_op: dict[str, list[str]] = {}
+    for record, phase in zip(records, phases):
+        for op in phase.get("fallbacks", []):
+            ids_by_op.setdefault(op, []).append(record["id"])
+    return {op: sorted(ids) for op, ids in sorted(ids_by_op.items())}
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]

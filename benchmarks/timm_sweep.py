@@ -346,11 +346,7 @@ def summarise(records: dict[str, dict], chosen: dict[str, str]) -> dict:
         counts["graph_breaks"] = sum(p.get("graph_breaks", 0) > 0 for p in phases)
         counts["failed"] = sorted(f"{r['id']}: {p.get('outcome')}: {p.get('error', '').split('; ')[0][:200]}"
                                   for r, p in zip(counted, phases) if p.get("outcome") != common.PASS)
-        fallbacks: dict[str, list[str]] = {}
-        for r, p in zip(counted, phases):
-            for op in p.get("fallbacks", []):
-                fallbacks.setdefault(op, []).append(r["id"])
-        counts["fallback_ops"] = {op: sorted(ids) for op, ids in sorted(fallbacks.items())}
+        counts["fallback_ops"] = common.fallback_ops(counted, phases)
         summary[mode] = counts
     return summary
 

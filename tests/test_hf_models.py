@@ -42,11 +42,11 @@ pytest.importorskip("transformers")
 import tpu_inductor.report as report
 from benchmarks.hf_zoo import (
     BuildError,
-    build_candidates,
+    NoEagerInput,
     cast_floats,
     compare,
     compare_against_float64,
-    input_candidates,
+    first_eager_run,
     train_step,
 )
 
@@ -97,16 +97,12 @@ TRAIN: dict[str, tuple[frozenset[str], int]] = {
 def _prepare(model_type: str, head: str, train: bool = False) -> tuple[torch.nn.Module, dict[str, Any], Any]:
     """The first tiny model and inputs eager runs, and eager's output (the reference)."""
     try:
-        for built in build_candidates(model_type, head):
-            for inputs in input_candidates(built.model, built.config, labels=train):
-                try:
-                    with torch.no_grad():
-                        return built.model, inputs, built.model(**inputs)
-                except Exception:
-                    continue
+        built, inputs, output = first_eager_run(model_type, head, labels=train)
     except BuildError as exc:
         pytest.fail(f"{model_type}: cannot build: {exc}")
-    pytest.fail(f"{model_type}: no input eager accepts")
+    except NoEagerInput as exc:
+        pytest.fail(f"{model_type}: no input eager accepts: {exc}")
+    return built.model, inputs, output
 
 
 def _compile(model: torch.nn.Module, cache_dir) -> Any:
