@@ -77,7 +77,8 @@ def _select(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
     replace_by_outputs(node, chosen)
 
 
-def _results(outputs: Any) -> list[torch.fx.Node]:
+def _results(outputs: Any) -> list[Any]:
+    """A graph's results as a list: its output is one node, or a tuple or list."""
     return [outputs] if isinstance(outputs, torch.fx.Node) else list(outputs)
 
 
@@ -116,6 +117,4 @@ def _draws_random_numbers(graph_module: torch.fx.GraphModule) -> bool:
 
 def _output_values(branch: torch.fx.GraphModule) -> list[Any]:
     (output,) = branch.graph.find_nodes(op="output")
-    results = output.args[0]
-    results = [results] if isinstance(results, torch.fx.Node) else list(results)
-    return [r.meta.get("val") if isinstance(r, torch.fx.Node) else r for r in results]
+    return [r.meta.get("val") if isinstance(r, torch.fx.Node) else r for r in _results(output.args[0])]
