@@ -20,10 +20,11 @@ ragged dot pays off TPU. Its backward holds the other form, offsets over
 the contracted dim (``_grouped_mm(input.T, grad, offs)``, each expert's
 weight gradient from its own rows): masked the same way, a batched matmul
 (:func:`grouped_mm_over_k`); bfloat16 MoE models (which call
-``aten._grouped_mm``) train on the device with it. Masking with ``where`` (not a multiply by 0/1) keeps
-an inf or NaN in one expert's result out of every other row, and the sum over
-E adds exact zeros, so each row equals eager's single matmul. Rows past the
-last offset belong to no expert and stay zero, as in the eager loop.
+``aten._grouped_mm``) train on the device with it. Masking with ``where``
+(not a multiply by 0/1) keeps an inf or NaN in one expert's result out of
+every other row, and the sum over E adds exact zeros, so each row equals
+eager's single matmul. Rows past the last offset belong to no expert and
+stay zero, as in the eager loop.
 """
 
 from __future__ import annotations
