@@ -365,6 +365,26 @@ def test_recompile_budget_warns_names_the_dim_and_runs_eagerly():
     assert outcomes == ["compiled", "compiled", "eager: recompile budget of 2 reached", "eager: recompile budget of 2 reached"]
 
 
+def _normalise_both(x, y):
+    return x.softmax(0).sum(0) + y.softmax(0).sum(0)  # two dims at exact sizes
+
+
+def test_recompile_budget_counts_sizes_per_dim():
+    """Two dims that change independently (a source length and a cache length)
+    compile their sizes' product; a third size of one dim is what the budget stops."""
+    fn = compiled(_normalise_both, dynamic=True, recompile_budget=2)
+    for rows_x, rows_y in ((4, 5), (6, 5), (4, 7), (6, 7)):
+        x, y = torch.randn(rows_x, 3), torch.randn(rows_y, 3)
+        torch.testing.assert_close(fn(x, y), _normalise_both(x, y))
+    assert [r.outcome for r in report.current().recompiles] == ["compiled"] * 4
+    x, y = torch.randn(10, 3), torch.randn(5, 3)
+    with pytest.warns(RecompileBudgetWarning) as caught:
+        torch.testing.assert_close(fn(x, y), _normalise_both(x, y))
+    message = str(caught[0].message)
+    assert "L['x'].size()[0] (" in message and "L['y'].size()[0] (" not in message, message  # only x kept changing
+    assert report.current().recompiles[-1].outcome == "eager: recompile budget of 2 reached"
+
+
 def test_recompile_budget_strict_raises():
     fn = compiled(_normalise_rows, recompile_budget=1, strict=True)
     fn(torch.randn(4, 3))

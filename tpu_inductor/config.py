@@ -169,10 +169,11 @@ class Config:
     Env: ``TPU_INDUCTOR_BUCKET_MAX``."""
 
     recompile_budget: int = dataclasses.field(default=8, metadata={"kind": "count"})
-    """Buckets of shapes (one executable per device island each) a graph with
-    dynamic shapes may compile; the sizes it was traced at always compile. Past
-    it, new shapes run in eager PyTorch with a warning (or raise under
-    ``strict``). Env: ``TPU_INDUCTOR_RECOMPILE_BUDGET``."""
+    """Sizes (buckets, or exact sizes where a dim is not padding-safe) each
+    dynamic dim of a graph may compile, one executable per device island for
+    each combination met; the sizes it was traced at always compile. A shape
+    that would give a dim one size more runs in eager PyTorch with a warning
+    (or raises under ``strict``). Env: ``TPU_INDUCTOR_RECOMPILE_BUDGET``."""
 
     xla_flags: str = dataclasses.field(default="", metadata={"env": "XLA_FLAGS", "option": False})
     """The ``XLA_FLAGS`` environment value. XLA reads it itself when the PJRT

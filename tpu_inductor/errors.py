@@ -39,11 +39,11 @@ class RanksDisagreeError(TpuInductorError):
 
 
 class RecompileBudgetError(TpuInductorError):
-    """A dynamic graph needs more executables than ``recompile_budget`` and ``strict`` is on."""
+    """A dim of a dynamic graph needs more sizes than ``recompile_budget`` and ``strict`` is on."""
 
 
 class RecompileBudgetWarning(UserWarning):
-    """A dynamic graph spent its ``recompile_budget``; new shapes run eagerly."""
+    """A dim of a dynamic graph spent its ``recompile_budget`` of sizes; new ones run eagerly."""
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')

@@ -16,7 +16,7 @@ traced symbolically is:
    in the report with the sizes that caused it;
 4. inputs are padded to the bucket and outputs sliced back (:mod:`.padding`).
 
-Past ``recompile_budget`` buckets, new ones run the ATen graph in eager
+Past ``recompile_budget`` sizes of a dim, new ones run the ATen graph in eager
 PyTorch (results stay right, nothing is compiled), with one warning naming
 the dim that kept changing and the options that help; ``strict`` raises.
 """
@@ -173,7 +173,7 @@ class DynamicShapeGraph:
         budget = max(self.context.config.recompile_budget, 1)
         if key in self._eager_keys:
             return False
-        if len(self._compiled) >= budget:
+        if self._dims_over_budget(bucket, budget):
             self._over_budget(key, bucket, sizes, budget)
             return False
         try:
@@ -190,11 +190,26 @@ class DynamicShapeGraph:
         self._note_compiled(sizes, bucket, cause=self._cause(bucket))
         return True
 
+    def _dims_over_budget(self, bucket: dict, budget: int) -> list[sympy.Symbol]:
+        """The dims to which ``bucket`` would give one size more than ``budget``.
+
+        The budget counts sizes per dim, not executables: two dims that change
+        independently (an encoder-decoder's source length and its decoder's
+        cache length) need their buckets' product, and each alone is already
+        bounded by its buckets. A dim compiled at exact sizes is what it stops.
+        """
+        over = []
+        for symbol in self.symbols:
+            seen = {known.get(symbol) for known in self._compiled.values()}
+            if bucket.get(symbol) not in seen and len(seen) >= budget:
+                over.append(symbol)
+        return over
+
     def _over_budget(self, key: tuple, bucket: dict, sizes: dict, budget: int) -> None:
-        changing = self._changing_symbols(bucket)
+        changing = self._dims_over_budget(bucket, budget)
         message = (
             f"tpu_inductor: the {self.kind} graph reached its recompile budget of {budget} "
-            f"executables; {self._describe_changing(changing)} New sizes "
+            f"sizes per dim; {self._describe_changing(changing)} New sizes "
             f"({self._label(sizes)}) now run in eager PyTorch. {self._advice(changing)}"
         )
         self._eager_keys.add(key)
@@ -268,10 +283,6 @@ class DynamicShapeGraph:
             for s in new or self.symbols
         ]
         return "no executable for " + ", ".join(parts)
-
-    def _changing_symbols(self, bucket: dict) -> list[sympy.Symbol]:
-        seen = list(self._compiled.values()) + [bucket]
-        return [s for s in self.symbols if len({b.get(s) for b in seen}) > 1]
 
     def _describe_changing(self, symbols: list[sympy.Symbol]) -> str:
         if not symbols:
