@@ -107,3 +107,21 @@ def test_a_number_passed_where_only_a_scalar_goes_stays_right():
     for n in (1, 2, 3):
         x = torch.randn(8) * 4
         torch.testing.assert_close(fn(x, n), f(x, n))
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU (transformers' ``NewGELUActivation``): ``math.pi`` is a float
+    Dynamo traces symbolically under ``dynamic=True`` and divides as a tensor."""
+    import math
+
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_python_float_arithmetic_under_dynamic_true_runs_on_the_device():
+    # strict: the 0-d true_divide Dynamo writes for 2.0 / math.pi failed to
+    # lower and ran eagerly before passes/true_divide_as_div.py.
+    fn = torch.compile(gelu_tanh, backend="tpu", options=OPTIONS, dynamic=True)
+    for rows in (5, 9):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(fn(x), gelu_tanh(x))
+    assert report.current().fallbacks() == []
