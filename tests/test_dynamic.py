@@ -528,6 +528,25 @@ def test_related_sizes_are_raised_to_buckets_that_keep_their_guards():
     assert chosen[s1] >= chosen[s0] + 8
 
 
+def test_buckets_bounded_by_an_exact_size_are_lowered_to_keep_the_guard():
+    """A sliding-window cache whose window is a symbol compiled at its exact
+    size (s1 = 32): its guard s0 + 2 < s1 holds until the window fills, so the
+    cache's bucket 32 breaks it; the buckets are lowered to 29 together, not
+    left at each exact size (one executable per length)."""
+    import sympy
+    from types import SimpleNamespace
+
+    from tpu_inductor.dynamic.buckets import choose_buckets
+
+    s0, s1, s2 = sympy.symbols("s0 s1 s2", positive=True, integer=True)
+    guards = [sympy.Lt(s0 + 2, s1), sympy.Eq(s0, s2)]
+    env = SimpleNamespace(guards=[SimpleNamespace(expr=g) for g in guards], var_to_range={})
+    for length in (17, 23, 29):
+        chosen = choose_buckets({s0: length, s2: length, s1: 32}, frozenset({s0, s2}), {}, BucketPolicy(), env)
+        assert chosen == {s0: 29, s2: 29, s1: 32}
+    assert choose_buckets({s0: 9, s2: 9, s1: 32}, frozenset({s0, s2}), {}, BucketPolicy(), env) == {s0: 16, s2: 16, s1: 32}
+
+
 def test_assignment_up_to_a_symbolic_end_compiles():
     """``y[:n - 1] = x`` is ``slice_scatter`` with a symbolic end (an FX node):
     comparing it with Python's open end raised a TypeError in the rewrite."""

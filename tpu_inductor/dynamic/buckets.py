@@ -84,7 +84,36 @@ def choose_buckets(
             if satisfies_guards(option, shape_env):
                 return option
         frontier = raised[:_FRONTIER]
-    return dict(sizes)
+    return _lowered_to_guards(padded, sizes, shape_env)
+
+
+def _lowered_to_guards(padded: Mapping[sympy.Symbol, int], sizes: Mapping[sympy.Symbol, int], shape_env) -> dict:
+    """The buckets lowered together, as little as Dynamo's guards need, toward
+    the exact sizes: ``padded`` minus ``k`` each (never below its size), for
+    the least ``k`` whose values keep the guards.
+
+    A guard can bound a padded size by one compiled at its exact size: a
+    sliding-window cache traced with the window a symbol
+    (``torch.compile(..., dynamic=True)`` makes its Python int one) holds
+    ``s0 + 2 < window`` until the window fills, so the cache's bucket 32
+    broke it at every length past 16 and each length compiled exactly (past
+    the recompile budget: eagerly). Lowered, they share the size 29, as a
+    static window's bound (``upper_bounds``) caps a bucket. The search
+    assumes the guards hold from some ``k`` on (the exact sizes hold them);
+    where they do not, the exact sizes are returned.
+    """
+
+    def lowered(k: int) -> dict:
+        return {s: max(sizes[s], v - k) for s, v in padded.items()}
+
+    low, high = 0, max((v - sizes[s] for s, v in padded.items()), default=0)  # high: the exact sizes
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if satisfies_guards(lowered(middle), shape_env):
+            high = middle
+        else:
+            low = middle
+    return lowered(high)
 
 
 _MAX_RAISES = 3
