@@ -1,16 +1,23 @@
 """Text generation under backend="tpu": compiles, eager steps, tokens, latency.
 
 Tiny random-weight configs of Llama, GPT-2, Gemma 3, Qwen 3 and Mistral
-(Gemma 3 and Mistral with sliding-window layers), built from configs with no
-download. For each architecture and way of generating:
+(Gemma 3 and Mistral with sliding-window layers), and of the encoder-decoders
+T5 and BART, built from configs with no download. For each architecture and
+way of generating:
 
 * ``dynamic``: ``generate()`` with transformers' default ``DynamicCache``
   (``model.forward`` compiled);
+* ``symbolic``: the same with ``torch.compile(..., dynamic=True)``: Dynamo
+  traces every size symbolically from the first call, no static trace first
+  (fewer traces: what the report advises past Dynamo's recompile limit);
 * ``static``: ``generate(cache_implementation="static")``;
 * ``compile_config``: transformers compiles the decode step itself
   (``CompileConfig(backend=...)``, static cache);
 * ``loop``: a hand-written greedy loop over ``forward`` with its cache,
   the mask grown a column a step and positions from its ``cumsum``.
+
+The encoder-decoders run ``dynamic``, ``symbolic`` and ``static`` (the other
+two are written for decoder-only models).
 
 one worker process runs four ``generate`` calls with prompt lengths 7, 12,
 15 and 20 and 32 new tokens each, at batch 1 and at batch 2 with left
@@ -58,7 +65,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tpu_inductor.report import dynamo_recompile_limit_hits
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.generate_table import table, transfer_cell  # noqa: E402
+from tpu_inductor.report import dynamo_recompile_limit_hits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "generate.json"
@@ -71,8 +82,19 @@ CPU_OUTPUTS = {
 }
 """Size (``--size``) -> a CPU run's results JSON and the markers of its table in :data:`RESULTS_PAGE`."""
 
-ARCHITECTURES = ("llama", "gpt2", "gemma3", "qwen3", "mistral")
-MODES = ("dynamic", "static", "compile_config", "loop")
+DECODER_ONLY = ("llama", "gpt2", "gemma3", "qwen3", "mistral")
+ENCODER_DECODERS = ("t5", "bart")
+ARCHITECTURES = DECODER_ONLY + ENCODER_DECODERS
+MODES = ("dynamic", "symbolic", "static", "compile_config", "loop")
+
+
+def modes_of(arch: str) -> tuple[str, ...]:
+    """The ways of generating :func:`main` runs for ``arch`` by default."""
+    return ("dynamic", "symbolic", "static") if arch in ENCODER_DECODERS else MODES
+
+
+def all_rows() -> list[tuple[str, str]]:
+    return [(arch, mode) for arch in ARCHITECTURES for mode in modes_of(arch)]
 PROMPT_LENGTHS = (7, 12, 15, 20)
 NEW_TOKENS = 32
 VOCAB = 128
@@ -92,7 +114,8 @@ SIZE = "tiny"
 
 
 def build_model(arch: str):
-    """A random-weight causal LM of :data:`SIZE` (seeded: the same weights every time)."""
+    """A random-weight causal LM, or encoder-decoder, of :data:`SIZE` (seeded:
+    the same weights every time)."""
     import torch
     import transformers as tf
 
@@ -110,9 +133,21 @@ def build_model(arch: str):
                                               layer_types=["sliding_attention", "full_attention"] * (size["layers"] // 2)),
         "qwen3": lambda: tf.Qwen3Config(**small, head_dim=size["head_dim"]),
         "mistral": lambda: tf.MistralConfig(**small, sliding_window=size["window"]),
+        # Token 0 pads the prompts (prompt()); T5 starts the decoder with it too.
+        # Their default initialisations make the tiny models repeat one token:
+        # wider ones make a comparison of tokens mean something.
+        "t5": lambda: tf.T5Config(vocab_size=size["vocab"], d_model=size["hidden"], d_kv=size["head_dim"],
+                                  d_ff=size["intermediate"], num_layers=size["layers"], num_heads=size["heads"],
+                                  pad_token_id=0, decoder_start_token_id=0, eos_token_id=1, initializer_factor=10.0),
+        "bart": lambda: tf.BartConfig(vocab_size=size["vocab"], d_model=size["hidden"],
+                                      encoder_layers=size["layers"], decoder_layers=size["layers"],
+                                      encoder_attention_heads=size["heads"], decoder_attention_heads=size["heads"],
+                                      encoder_ffn_dim=size["intermediate"], decoder_ffn_dim=size["intermediate"],
+                                      max_position_embeddings=256, pad_token_id=0, init_std=1.0),
     }
     torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(configs[arch]()).eval().to(DEVICE)
+    auto = tf.AutoModelForSeq2SeqLM if arch in ENCODER_DECODERS else tf.AutoModelForCausalLM
+    return auto.from_config(configs[arch]()).eval().to(DEVICE)
 
 
 def prompt(length: int, batch: int = 1):
@@ -166,7 +201,7 @@ class Generator:
         self.backend = backend
         self.forward = self.model.forward
         if backend is not None and mode != "compile_config":
-            self.forward = torch.compile(self.model.forward, backend=backend)
+            self.forward = torch.compile(self.model.forward, backend=backend, dynamic=True if mode == "symbolic" else None)
             self.model.forward = self.forward
         self.compile_config = None
         if backend is not None and mode == "compile_config":
@@ -414,7 +449,9 @@ def child(arch: str, mode: str, with_timing: bool, rounds: int, transfers_only: 
             print("RESULT " + json.dumps({"arch": arch, "mode": mode, "transfers": transfers(arch, mode)}))
             return
         result = {"arch": arch, "mode": mode, **correctness(arch, mode)}
-        if DEVICE == "cpu" and mode != "compile_config":  # transformers compiles that one with its own options
+        # transformers compiles compile_config's step with its own options; the
+        # cache size below is a decoder-only model's.
+        if DEVICE == "cpu" and mode != "compile_config" and arch in DECODER_ONLY:
             result["transfers"] = transfers(arch, mode)
         if with_timing:
             result["timing"] = timing(arch, mode, rounds)
@@ -440,45 +477,6 @@ def run_row(arch: str, mode: str, with_timing: bool, rounds: int, timeout: int, 
     return {"arch": arch, "mode": mode, "error": f"exit {done.returncode}: " + " | ".join(tail)}
 
 
-def table(rows: list[dict]) -> str:
-    header = ["architecture", "mode", "tokens = eager", "XLA compiles (4 calls / with batch 2)",
-              "steps in eager after call 1 (prefill or decode)", "first call, tpu",
-              "KB per decode token up / down, `zero_copy=False` (whole cache)"]
-    timed = any("timing" in r for r in rows)
-    if timed:
-        header += ["decode ms/token (tokens/s), eager / Inductor / tpu", "tpu vs Inductor (decode)",
-                   "prefill ms, eager / Inductor / tpu", "first call, Inductor (Dynamo graphs)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for r in rows:
-        if "error" in r:
-            cells = [r["arch"], r["mode"], f"error: {r['error'][:120]}"] + [""] * (len(header) - 3)
-            lines.append("| " + " | ".join(cells) + " |")
-            continue
-        cells = [r["arch"], r["mode"], "yes" if r["tokens_equal"] else "NO",
-                 f"{r['xla_compiles_batch1']} / {r['xla_compiles']}", str(r["eager_steps_after_first"]),
-                 f"{r['first_call_seconds']:.1f} s", _transfer_cell(r.get("transfers"))]
-        if timed:
-            t = r.get("timing")
-            if t is None:
-                cells += ["-"] * 4
-            else:
-                names = ("eager", "inductor", "tpu")
-                cells += [
-                    " / ".join(f"{t[n]['decode'] * 1e3:.2f} ({t[n]['tokens_per_second']:.0f})" for n in names),
-                    f"{t['inductor']['decode'] / t['tpu']['decode']:.2f}x",
-                    " / ".join(f"{t[n]['prefill'] * 1e3:.1f}" for n in names),
-                    f"{t['inductor']['first_call']:.1f} s ({t['inductor']['dynamo_graphs']})",
-                ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _transfer_cell(moved: Optional[dict]) -> str:
-    if not moved:
-        return "-"
-    return f"{moved['up_per_token'] / 1e3:.1f} / {moved['down_per_token'] / 1e3:.1f} ({moved['cache_bytes'] / 1e3:.1f})"
-
-
 def _redo_transfers(args: argparse.Namespace, wanted: list[tuple[str, str]], out: Path) -> int:
     """``--transfers-only``: each named row's transfers measured again in a
     worker of its own, the rest of the row kept; the run is noted in the meta."""
@@ -499,7 +497,7 @@ def _redo_transfers(args: argparse.Namespace, wanted: list[tuple[str, str]], out
             return 1
         rows[(arch, mode)]["transfers"] = measured["transfers"]
         redone.append(item)
-        print(f"{item}: {_transfer_cell(measured['transfers'])}", flush=True)
+        print(f"{item}: {transfer_cell(measured['transfers'])}", flush=True)
     environment_now = environment()
     # Each rerun is recorded beside the earlier ones: a row's KB cell is from
     # the last rerun that names it.
@@ -555,7 +553,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows_wanted = (
         [tuple(item.split(":")) for item in args.only.split(",")]
         if args.only
-        else [(arch, mode) for arch in ARCHITECTURES for mode in MODES]
+        else all_rows()
     )
     if args.transfers_only:
         return _redo_transfers(args, rows_wanted, out)
@@ -575,7 +573,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         previous = json.loads(out.read_text())
         redone = {(r["arch"], r["mode"]) for r in rows}
         kept = [r for r in previous["rows"] if (r["arch"], r["mode"]) not in redone]
-        order = {key: i for i, key in enumerate((a, m) for a in ARCHITECTURES for m in MODES)}
+        order = {key: i for i, key in enumerate(all_rows())}
         rows = sorted(kept + rows, key=lambda r: order.get((r["arch"], r["mode"]), len(order)))
         # The kept rows are the earlier run's: its meta stays, and this run is noted as an update of it.
         update = {**meta, "rows": [f"{arch}:{mode}" for arch, mode in sorted(redone)]}
@@ -591,5 +589,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())
