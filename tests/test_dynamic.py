@@ -614,3 +614,26 @@ def test_a_graph_whose_every_size_was_specialised_mid_trace_lowers_on_the_static
     loaded, _ = compile_stablehlo(lowered.module, platform, None, input_specs=lowered.input_specs)
     (result,) = DeviceExecutable(loaded, platform, lowered.output_specs, "grow", lowered.input_specs)(cache, new)
     torch.testing.assert_close(result, grow(cache, new)[0])
+
+
+def _positions_and_order(mask, x):
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # OPT's and RoBERTa's positions from the mask
+    return x * positions.unsqueeze(-1), x.sum(-1).argsort(-1)
+
+
+def test_ops_torch_mlir_lowers_only_at_static_sizes_run_on_the_device():
+    """``cumsum`` and ``sort`` along a dynamic dim fail torch-mlir's dynamic-shape
+    lowering; their island is lowered per bucket at static sizes
+    (dynamic/island.py, ``PerBucketIsland``) instead of leaving them to eager.
+    strict: any op in eager is an error."""
+    fn = compiled(_positions_and_order, strict=True)
+    for length in (7, 5, 9, 12):
+        mask = torch.ones(2, length, dtype=torch.long)
+        mask[1, : length // 3] = 0
+        x = torch.randn(2, length, 3)
+        got, want = fn(mask, x), _positions_and_order(mask, x)
+        torch.testing.assert_close(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+    (dynamic,) = report.current().dynamic_graphs
+    assert dynamic.device_calls == 3 and dynamic.eager_calls == 0
+    assert {i.lower_source for g in report.current().graphs for i in g.islands} >= {"torch-mlir"}

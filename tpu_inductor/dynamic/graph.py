@@ -36,12 +36,13 @@ from tpu_inductor import report
 from tpu_inductor.dynamic import shape_env_of, symbol_source
 from tpu_inductor.dynamic.buckets import BucketPolicy, choose_buckets
 from tpu_inductor.dynamic.device_caches import DeviceCaches
-from tpu_inductor.dynamic.island import CallState, SymbolicIsland
+from tpu_inductor.dynamic.island import CallState, PerBucketIsland, SymbolicIsland
 from tpu_inductor.dynamic.padding import ShapeBinding
 from tpu_inductor.dynamic.kept_padding import KeptPadding
 from tpu_inductor.dynamic.size_functions import SizeFunction
 from tpu_inductor.errors import RecompileBudgetError, RecompileBudgetWarning
 from tpu_inductor.lowering.cache import lower_symbolic_cached
+from tpu_inductor.lowering.pipelines import IslandLoweringError
 from tpu_inductor.lowering.symbolic import lower_symbolic
 from tpu_inductor.passes.device_random import SEED_META, draw_seed
 from tpu_inductor.passes.input_writes_in_place import DeferredWrites, InputWrites
@@ -342,21 +343,31 @@ class DynamicShapeGraph:
         return fused, list(islands.values())
 
     def _island(self, island: Island, record: Optional[report.GraphRecord]) -> SymbolicIsland:
-        """``record``: None for a probe, which bypasses the cache (a failure must be seen)."""
-        if record is None:
-            lowered = lower_symbolic(island.graph, isolate=self.context.config.isolate_lowering)
-        else:
-            lowered, stats = lower_symbolic_cached(
-                island.graph, self.context.disk_cache, isolate=self.context.config.isolate_lowering
-            )
-            self.dynamic_record.lowerings += stats.source == "torch-mlir"
+        """``record``: None for a probe, which bypasses the cache (a failure must be seen).
+
+        An island torch-mlir refuses with dynamic dims is lowered per bucket at
+        static sizes instead (:class:`PerBucketIsland`); where that fails too,
+        the bucket's ``prepare`` raises and the op that fails goes to eager.
+        """
+        kind = SymbolicIsland
+        try:
+            if record is None:
+                lowered = lower_symbolic(island.graph, isolate=self.context.config.isolate_lowering)
+            else:
+                lowered, stats = lower_symbolic_cached(
+                    island.graph, self.context.disk_cache, isolate=self.context.config.isolate_lowering
+                )
+                self.dynamic_record.lowerings += stats.source == "torch-mlir"
+        except IslandLoweringError as exc:
+            log.info("tpu_inductor: %s lowers per bucket at static sizes: %s", island.name, exc)
+            kind, lowered = PerBucketIsland, None
         # A probe proves that the island lowers; it compiles for one device.
         layout = (
             (self.layout, tensor_inputs(island), island.outputs)
             if record is not None and self.layout is not None
             else None
         )
-        return SymbolicIsland(
+        return kind(
             island.name, island.graph, lowered, self._state, self.context, record, layout,
             device_only=device_copies_out(island) if record is not None else frozenset(),
         )

@@ -6,11 +6,14 @@ graph asks for, its shapes are evaluated from the island's symbolic metadata,
 the module is refined to them (:func:`~tpu_inductor.lowering.refine.refine_to_static`)
 and compiled (memory, disk or XLA, like every executable). The graph selects
 the bucket for a call before running; islands read it from the shared
-:class:`CallState` instead of re-deriving it from their arguments.
+:class:`CallState` instead of re-deriving it from their arguments. An
+island torch-mlir lowers only at static sizes is a :class:`PerBucketIsland`,
+lowered again per bucket.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -106,12 +109,7 @@ class SymbolicIsland:
             for i, e in self._scalar_inputs.items()
         }
         started = time.perf_counter()
-        module = refine_to_static(
-            self.lowered.text,
-            [s.shape for s in input_specs],
-            scalars,
-            for_cpu=context.platform.name == "cpu",
-        )
+        module = self._module_at(input_specs, scalars)
         refined_seconds = time.perf_counter() - started
         output_specs = [TensorSpec(tuple(size(e) for e in shape), dtype) for shape, dtype in self._outputs]
         label = ",".join(f"{s}={v}" for s, v in sorted(sizes.items(), key=lambda kv: str(kv[0])))
@@ -129,11 +127,23 @@ class SymbolicIsland:
         self._executables[key] = executable
         if self._record is not None:
             island_record = compiled_island_record(
-                f"{self.island_name}[{label}]", self._num_nodes, executable, stats, refined_seconds, "refined"
+                f"{self.island_name}[{label}]", self._num_nodes, executable, stats, refined_seconds, self.LOWER_SOURCE
             )
             self._record.islands.append(island_record)
             hooks.on_island_compiled(self._record, island_record, module, check_tpu=context.checks_tpu_readiness)
         return executable
+
+    LOWER_SOURCE = "refined"
+    """How a bucket's module is made, for the report (``IslandRecord.lower_source``)."""
+
+    def _module_at(self, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]) -> Any:
+        """The StableHLO module for one bucket: the dynamic module refined to its sizes."""
+        return refine_to_static(
+            self.lowered.text,
+            [s.shape for s in input_specs],
+            scalars,
+            for_cpu=self._context.platform.name == "cpu",
+        )
 
     def run(self, *args: Any) -> tuple[torch.Tensor, ...]:
         key = self._state.key
@@ -165,3 +175,72 @@ def _number(value: sympy.Expr) -> Any:
     if value.is_Boolean:
         return bool(value)
     return float(value)
+
+
+class PerBucketIsland(SymbolicIsland):
+    """An island torch-mlir lowers only at static sizes, lowered again for each bucket.
+
+    Why: some of torch-mlir's lowerings need a static dim: ``cumsum`` along a
+    dynamic one (OPT's, BLOOM's and RoBERTa's positions from the mask) failed
+    to legalize, and ``sort`` made an ``iota`` of dynamic type, which StableHLO
+    refuses (MoE routers). The op ran in eager PyTorch, splitting its island,
+    after a failed compile with a warning and a reproducer. Here the island's
+    ATen graph is traced again at each bucket's sizes and lowered as a static
+    island is (its StableHLO kept in the graph cache): torch-mlir runs once
+    per bucket instead of once, which only such islands pay.
+    """
+
+    LOWER_SOURCE = "torch-mlir"
+
+    def _module_at(self, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]) -> Any:
+        from tpu_inductor.lowering.cache import lower_cached
+
+        graph = _at_sizes(self.graph, input_specs, scalars)
+        context = self._context
+        # A probe (no record) bypasses the graph cache: a failure must be seen.
+        lowered, _ = lower_cached(
+            graph,
+            context.disk_cache if self._record is not None else None,
+            for_cpu=context.platform.name == "cpu",
+            isolate=context.config.isolate_lowering,
+        )
+        return lowered.module
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
+def _at_sizes(
+    graph: torch.fx.GraphModule, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]
+) -> torch.fx.GraphModule:
+    """``graph`` traced at static sizes: its tensor inputs fake tensors of
+    ``input_specs``, its number inputs the values ``scalars`` gives them (by
+    placeholder position), which the trace folds in and drops as inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # An island's views read its values, not its inputs' strides (torch-mlir
+    # imports a view as a reshape, and the partition dropped the copies that
+    # made them contiguous), so running it needs a reshape where it has a view.
+    graph = torch.fx.GraphModule(graph, copy.deepcopy(graph.graph))
+    for node in graph.graph.nodes:
+        if node.op == "call_function" and node.target in _VIEWS:
+            node.target = torch.ops.aten.reshape.default
+    graph.recompile()
+    tensors = iter(input_specs)
+    args: list[Any] = []
+    with FakeTensorMode():
+        for index in range(len(scalars) + len(input_specs)):
+            if index in scalars:
+                args.append(scalars[index])
+            else:
+                spec = next(tensors)
+                args.append(torch.empty(spec.shape, dtype=spec.dtype))
+    static = make_fx(graph, tracing_mode="fake")(*args)
+    for node in static.graph.find_nodes(op="placeholder"):
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            if node.users:
+                raise LoweringError(f"a number input of {graph} is still read after tracing at static sizes")
+            static.graph.erase_node(node)
+    static.recompile()
+    return static
