@@ -35,6 +35,7 @@ _NAMES: dict[str, tuple[str, str]] = {
     "FakeTensor": ("torch._subclasses.fake_tensor", "FakeTensor"),
     "detect_fake_mode": ("torch._guards", "detect_fake_mode"),
     "unset_fake_temporarily": ("torch._subclasses.fake_tensor", "unset_fake_temporarily"),
+    "FakeTensorMode": ("torch._subclasses.fake_tensor", "FakeTensorMode"),
     # Dynamo's counters (graph breaks, AOTAutogradCache hits).
     "dynamo_counters": ("torch._dynamo.utils", "counters"),
     # Structured tracing (TORCH_TRACE) and TORCH_LOGS.

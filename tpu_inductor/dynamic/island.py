@@ -216,8 +216,9 @@ def _at_sizes(
     """``graph`` traced at static sizes: its tensor inputs fake tensors of
     ``input_specs``, its number inputs the values ``scalars`` gives them (by
     placeholder position), which the trace folds in and drops as inputs."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tpu_inductor.torch_api import FakeTensorMode
 
     # An island's views read its values, not its inputs' strides (torch-mlir
     # imports a view as a reshape, and the partition dropped the copies that
