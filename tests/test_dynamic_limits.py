@@ -82,3 +82,34 @@ def test_ops_torch_mlir_lowers_only_at_static_sizes_run_on_the_device():
     (dynamic,) = report.current().dynamic_graphs
     assert dynamic.device_calls == 3 and dynamic.eager_calls == 0
     assert {i.lower_source for g in report.current().graphs for i in g.islands} >= {"torch-mlir"}
+
+
+def test_an_island_lowered_per_bucket_starts_warm_without_torch_mlir(tmp_path, monkeypatch):
+    """A restarted process finds the per-bucket island's verdict and its static
+    lowerings in the graph cache: no torch-mlir run, not even the failing one."""
+    from tpu_inductor.lowering import cache
+
+    options = {"cache": True, "cache_dir": str(tmp_path), "strict": True}
+    symbolic_lowerings = []
+
+    def counted(*args, **kwargs):
+        symbolic_lowerings.append(args[0])
+        return lower_symbolic(*args, **kwargs)
+
+    lower_symbolic = cache.lower_symbolic
+    monkeypatch.setattr(cache, "lower_symbolic", counted)
+
+    def run_once() -> list[str]:
+        fn = compiled(_positions_and_order, **options)
+        for length in (7, 5, 9):
+            mask = torch.ones(2, length, dtype=torch.long)
+            x = torch.randn(2, length, 3)
+            torch.testing.assert_close(fn(mask, x)[0], _positions_and_order(mask, x)[0])
+        return [i.lower_source for g in report.current().graphs for i in g.islands]
+
+    assert "torch-mlir" in run_once() and symbolic_lowerings
+    torch._dynamo.reset()
+    report.reset()
+    symbolic_lowerings.clear()
+    assert "torch-mlir" not in run_once()
+    assert symbolic_lowerings == []

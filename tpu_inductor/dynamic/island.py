@@ -109,7 +109,7 @@ class SymbolicIsland:
             for i, e in self._scalar_inputs.items()
         }
         started = time.perf_counter()
-        module = self._module_at(input_specs, scalars)
+        module, lower_source = self._module_at(input_specs, scalars)
         refined_seconds = time.perf_counter() - started
         output_specs = [TensorSpec(tuple(size(e) for e in shape), dtype) for shape, dtype in self._outputs]
         label = ",".join(f"{s}={v}" for s, v in sorted(sizes.items(), key=lambda kv: str(kv[0])))
@@ -127,23 +127,22 @@ class SymbolicIsland:
         self._executables[key] = executable
         if self._record is not None:
             island_record = compiled_island_record(
-                f"{self.island_name}[{label}]", self._num_nodes, executable, stats, refined_seconds, self.LOWER_SOURCE
+                f"{self.island_name}[{label}]", self._num_nodes, executable, stats, refined_seconds, lower_source
             )
             self._record.islands.append(island_record)
             hooks.on_island_compiled(self._record, island_record, module, check_tpu=context.checks_tpu_readiness)
         return executable
 
-    LOWER_SOURCE = "refined"
-    """How a bucket's module is made, for the report (``IslandRecord.lower_source``)."""
-
-    def _module_at(self, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]) -> Any:
-        """The StableHLO module for one bucket: the dynamic module refined to its sizes."""
-        return refine_to_static(
+    def _module_at(self, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]) -> tuple[Any, str]:
+        """The StableHLO module for one bucket, the dynamic module refined to its
+        sizes, and how it was made (``IslandRecord.lower_source``)."""
+        module = refine_to_static(
             self.lowered.text,
             [s.shape for s in input_specs],
             scalars,
             for_cpu=self._context.platform.name == "cpu",
         )
+        return module, "refined"
 
     def run(self, *args: Any) -> tuple[torch.Tensor, ...]:
         key = self._state.key
@@ -186,25 +185,25 @@ class PerBucketIsland(SymbolicIsland):
     refuses (MoE routers). The op ran in eager PyTorch, splitting its island,
     after a failed compile with a warning and a reproducer. Here the island's
     ATen graph is traced again at each bucket's sizes and lowered as a static
-    island is (its StableHLO kept in the graph cache): torch-mlir runs once
-    per bucket instead of once, which only such islands pay.
+    island is: torch-mlir runs once per bucket instead of once, which only
+    such islands pay. The graph cache keeps each bucket's StableHLO and the
+    refusal itself (lowering/cache.py, ``STATIC_ONLY``), so a restarted
+    process runs no torch-mlir for them.
     """
 
-    LOWER_SOURCE = "torch-mlir"
-
-    def _module_at(self, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]) -> Any:
+    def _module_at(self, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]) -> tuple[Any, str]:
         from tpu_inductor.lowering.cache import lower_cached
 
         graph = _at_sizes(self.graph, input_specs, scalars)
         context = self._context
         # A probe (no record) bypasses the graph cache: a failure must be seen.
-        lowered, _ = lower_cached(
+        lowered, stats = lower_cached(
             graph,
             context.disk_cache if self._record is not None else None,
             for_cpu=context.platform.name == "cpu",
             isolate=context.config.isolate_lowering,
         )
-        return lowered.module
+        return lowered.module, stats.source
 
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)

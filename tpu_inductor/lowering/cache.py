@@ -30,6 +30,7 @@ import torch
 import torch.fx
 
 from tpu_inductor import torch_api
+from tpu_inductor.lowering.pipelines import IslandLoweringError
 from tpu_inductor.lowering.stablehlo import LoweredModule, graph_specs, lower_to_stablehlo
 from tpu_inductor.lowering.symbolic import SymbolicModule, lower_symbolic, scalar_positions
 from tpu_inductor.runtime.disk_cache import CacheKey, CacheDir
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 MODULE_FILE = "module.mlirbc"
 SYMBOLIC_MODULE_FILE = "module.mlir"
+STATIC_ONLY = b""
+"""The symbolic entry of an island torch-mlir refused with dynamic dims: it is
+lowered per bucket at static sizes (dynamic/island.py, ``PerBucketIsland``)."""
 
 
 @dataclasses.dataclass
@@ -229,12 +233,23 @@ def lower_symbolic_cached(
     processes (Dynamo names them by source), so the fingerprint is stable."""
     key = graph_key(gm, name, symbolic=True) if disk_cache is not None else None
     lowered: list[SymbolicModule] = []
+    refused: list[IslandLoweringError] = []
 
     def lower() -> bytes:
-        lowered.append(lower_symbolic(gm, name, isolate=isolate))
+        try:
+            lowered.append(lower_symbolic(gm, name, isolate=isolate))
+        except IslandLoweringError as exc:
+            refused.append(exc)
+            return STATIC_ONLY
         return lowered[0].text.encode()
 
     text, stats = _through_cache(disk_cache, key, SYMBOLIC_MODULE_FILE, lower)
+    if text == STATIC_ONLY:
+        # Remembered, so that a restarted process goes straight to the static
+        # lowerings (themselves in this cache) without failing torch-mlir again.
+        raise refused[0] if refused else IslandLoweringError(
+            "graph cache", ["torch-mlir refused this island with dynamic dims (remembered)"], ""
+        )
     if lowered:
         return lowered[0], stats
     return SymbolicModule(text.decode(), scalar_positions(gm), stats.seconds), stats
