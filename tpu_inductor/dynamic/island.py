@@ -230,17 +230,17 @@ def _at_sizes(
     tensors = iter(input_specs)
     args: list[Any] = []
     with FakeTensorMode():
-        for index in range(len(scalars) + len(input_specs)):
+        for index, node in enumerate(graph.graph.find_nodes(op="placeholder")):
             if index in scalars:
                 args.append(scalars[index])
             else:
                 spec = next(tensors)
-                args.append(torch.empty(spec.shape, dtype=spec.dtype))
+                args.append(torch.empty(spec.shape, dtype=spec.dtype, device=node.meta["val"].device))
     static = make_fx(graph, tracing_mode="fake")(*args)
     for node in static.graph.find_nodes(op="placeholder"):
         if not isinstance(node.meta.get("val"), torch.Tensor):
             if node.users:
-                raise LoweringError(f"a number input of {graph} is still read after tracing at static sizes")
+                raise LoweringError(f"number input {node.name} is still read after tracing at static sizes")
             static.graph.erase_node(node)
     static.recompile()
     return static
