@@ -51,16 +51,18 @@ class SymbolicIsland:
         self,
         name: str,
         graph: torch.fx.GraphModule,
-        lowered: SymbolicModule,
+        lowered: Optional[SymbolicModule],
         state: CallState,
         context: Any,
         record: Optional[report.GraphRecord],
         layout: Optional[tuple[Any, list[torch.fx.Node], Sequence[torch.fx.Node]]] = None,
         device_only: frozenset[int] = frozenset(),
     ) -> None:
-        """``layout``: the graph's ``MeshLayout`` and the owner graph's nodes this
-        island's tensor inputs and its results are, to compile each bucket for
-        the mesh. ``device_only``: results handed on as device buffers
+        """``lowered``: the island's module with dynamic dims (None for a
+        :class:`PerBucketIsland`, which has none). ``layout``: the graph's
+        ``MeshLayout`` and the owner graph's nodes this island's tensor inputs
+        and its results are, to compile each bucket for the mesh.
+        ``device_only``: results handed on as device buffers
         (passes/input_writes_in_place.py)."""
         self.island_name = name
         self._device_only = device_only
