@@ -86,15 +86,6 @@ DECODER_ONLY = ("llama", "gpt2", "gemma3", "qwen3", "mistral")
 ENCODER_DECODERS = ("t5", "bart")
 ARCHITECTURES = DECODER_ONLY + ENCODER_DECODERS
 MODES = ("dynamic", "symbolic", "static", "compile_config", "loop")
-
-
-def modes_of(arch: str) -> tuple[str, ...]:
-    """The ways of generating :func:`main` runs for ``arch`` by default."""
-    return ("dynamic", "symbolic", "static") if arch in ENCODER_DECODERS else MODES
-
-
-def all_rows() -> list[tuple[str, str]]:
-    return [(arch, mode) for arch in ARCHITECTURES for mode in modes_of(arch)]
 PROMPT_LENGTHS = (7, 12, 15, 20)
 NEW_TOKENS = 32
 VOCAB = 128
@@ -111,6 +102,16 @@ costs around the layers dominate. ``medium`` (~50M parameters, a 32,000-token
 vocabulary): reading the weights dominates, as in the models users run."""
 SIZE = "tiny"
 """Which of :data:`SIZES` (``--size``); set once by :func:`main`."""
+
+
+def modes_of(arch: str) -> tuple[str, ...]:
+    """The ways of generating :func:`main` runs for ``arch`` by default."""
+    return ("dynamic", "symbolic", "static") if arch in ENCODER_DECODERS else MODES
+
+
+def all_rows() -> list[tuple[str, str]]:
+    """Every (architecture, mode) row :func:`main` runs by default, in the table's order."""
+    return [(arch, mode) for arch in ARCHITECTURES for mode in modes_of(arch)]
 
 
 def build_model(arch: str):

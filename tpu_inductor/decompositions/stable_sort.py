@@ -19,7 +19,8 @@ float as the integer key ``argmax`` already reduces
 (``nan_extremes.order_keys``: its bits, negative ones with their magnitude
 bits flipped, ``-0.0`` as ``+0.0``, equal in PyTorch, and every NaN above
 every number: PyTorch sorts NaN last, ascending). Descending order takes the
-key's complement, so ties still come in input order. The values are gathered with the order found.
+key's complement, so ties still come in input order. The values are gathered
+with the order found.
 
 int64 and float64 values need all 64 bits for themselves: those keep the
 op, which runs eagerly (placement/support.py knows it does not lower).

@@ -174,8 +174,9 @@ class DynamicShapeGraph:
         budget = max(self.context.config.recompile_budget, 1)
         if key in self._eager_keys:
             return False
-        if self._dims_over_budget(bucket, budget):
-            self._over_budget(key, bucket, sizes, budget)
+        over = self._dims_over_budget(bucket, budget)
+        if over:
+            self._over_budget(key, bucket, sizes, budget, over)
             return False
         try:
             for island in self.islands:
@@ -206,12 +207,12 @@ class DynamicShapeGraph:
                 over.append(symbol)
         return over
 
-    def _over_budget(self, key: tuple, bucket: dict, sizes: dict, budget: int) -> None:
-        changing = self._dims_over_budget(bucket, budget)
+    def _over_budget(self, key: tuple, bucket: dict, sizes: dict, budget: int, over: list[sympy.Symbol]) -> None:
+        """``over``: the dims the bucket would give one size too many."""
         message = (
             f"tpu_inductor: the {self.kind} graph reached its recompile budget of {budget} "
-            f"sizes per dim; {self._describe_changing(changing)} New sizes "
-            f"({self._label(sizes)}) now run in eager PyTorch. {self._advice(changing)}"
+            f"sizes per dim; {self._describe_changing(over)} New sizes "
+            f"({self._label(sizes)}) now run in eager PyTorch. {self._advice(over)}"
         )
         self._eager_keys.add(key)
         self._record_recompile(sizes, bucket, self._cause(bucket), f"eager: recompile budget of {budget} reached")

@@ -13,7 +13,6 @@ lowered again per bucket.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -28,6 +27,8 @@ from tpu_inductor.dynamic import SYMBOLIC_TYPES
 from tpu_inductor.errors import LoweringError, OutputMismatchError
 from tpu_inductor.lowering.refine import refine_to_static
 from tpu_inductor.lowering.symbolic import SymbolicModule
+from tpu_inductor.passes.eager_views_as_reshape import eager_views_as_reshape
+from tpu_inductor.passes.rewrite import runnable_copy
 from tpu_inductor.placement.placement import Decision, record_eager
 from tpu_inductor.analysis.padding_safety import expr_of
 from tpu_inductor.reporting import hooks
@@ -208,9 +209,6 @@ class PerBucketIsland(SymbolicIsland):
         return lowered.module, stats.source
 
 
-_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
-
-
 def _at_sizes(
     graph: torch.fx.GraphModule, input_specs: Sequence[TensorSpec], scalars: Mapping[int, Any]
 ) -> torch.fx.GraphModule:
@@ -224,11 +222,7 @@ def _at_sizes(
     # An island's views read its values, not its inputs' strides (torch-mlir
     # imports a view as a reshape, and the partition dropped the copies that
     # made them contiguous), so running it needs a reshape where it has a view.
-    graph = torch.fx.GraphModule(graph, copy.deepcopy(graph.graph))
-    for node in graph.graph.nodes:
-        if node.op == "call_function" and node.target in _VIEWS:
-            node.target = torch.ops.aten.reshape.default
-    graph.recompile()
+    graph = eager_views_as_reshape(runnable_copy(graph))
     tensors = iter(input_specs)
     args: list[Any] = []
     with FakeTensorMode():
