@@ -22,9 +22,10 @@ two are written for decoder-only models).
 one worker process runs four ``generate`` calls with prompt lengths 7, 12,
 15 and 20 and 32 new tokens each, at batch 1 and at batch 2 with left
 padding, and records: tokens equal to eager's (greedy, exact), XLA compiles
-for all eight calls, steps (prefill or decode) that ran in eager PyTorch after
-the first call (dynamic graphs' eager calls, nodes placed in eager, and
-``forward`` calls Dynamo ran in eager past its recompile limit), and the first
+for all eight calls, steps that ran in eager PyTorch after the first call
+(dynamic graphs' eager calls, nodes placed in eager, and ``forward`` calls
+Dynamo ran in eager past its recompile limit), all and decode steps alone
+(a ``generate`` call's first ``forward`` is its prefill), and the first
 call's wall time (compiles included), and the bytes that cross between torch
 and the device per decode token on ``zero_copy=False`` (a TPU's path) beside
 the whole cache's size (``transfers``: a counted, noise-free check that the
@@ -204,6 +205,7 @@ class Generator:
         if backend is not None and mode != "compile_config":
             self.forward = torch.compile(self.model.forward, backend=backend, dynamic=True if mode == "symbolic" else None)
             self.model.forward = self.forward
+        self.steps: Optional["EagerSteps"] = None  # counts eager work per step, when set
         self.compile_config = None
         if backend is not None and mode == "compile_config":
             from transformers.generation.configuration_utils import CompileConfig
@@ -214,6 +216,8 @@ class Generator:
     def __call__(self, ids, mask, new_tokens: int = NEW_TOKENS):
         import torch
 
+        if self.steps is not None:
+            self.steps.new_call()
         with torch.no_grad():
             if self.mode == "loop":
                 return greedy_loop(self.forward, ids, mask, new_tokens)
@@ -235,37 +239,58 @@ def compiled_graph_calls() -> int:
     return sum(g.executions for g in current.graphs) + sum(d.device_calls + d.eager_calls for d in current.dynamic_graphs)
 
 
-class EagerFrames:
-    """Counts the calls of a :class:`Generator`'s compiled ``forward`` (backend
-    "tpu") that reached none of the backend's graphs: Dynamo ran them in eager,
-    past its recompile limit. Dynamo's own count (``dynamo_recompile_limit_hits``)
-    has the first only: from then on it runs every call of that code that no
-    cached trace accepts in eager without counting it (``FrameAction.RUN_ONLY``).
-    Wraps ``generator.forward`` (and ``model.forward``)."""
+class EagerSteps:
+    """Counts the eager work of each call of a :class:`Generator`'s compiled
+    ``forward`` (backend "tpu"), split into prefill (a ``generate`` call's
+    first ``forward``) and decode (the others): calls of dynamic graphs that
+    ran in eager, nodes placed in eager, and calls that reached none of the
+    backend's graphs because Dynamo ran them in eager past its recompile
+    limit. Dynamo's own count (``dynamo_recompile_limit_hits``) has the first
+    of those only: from then on it runs every call of that code that no
+    cached trace accepts in eager without counting it
+    (``FrameAction.RUN_ONLY``). Wraps ``generator.forward`` (and
+    ``model.forward``); the generator calls :meth:`new_call` as it starts."""
 
     def __init__(self, generator: "Generator") -> None:
-        self.count = 0
+        import tpu_inductor.report as report
+
+        self.prefill = self.decode = 0
+        self._forward_calls = 0
         compiled = generator.forward
 
         # wraps: transformers reads forward's signature to decide what to pass
         # (logits_to_keep, cache_position); a bare (*args, **kwargs) changes the graphs.
         @functools.wraps(compiled)
         def forward(*args, **kwargs):
-            before = compiled_graph_calls()
+            graph_calls, eager_work = compiled_graph_calls(), _eager_work(report.current())
             result = compiled(*args, **kwargs)
-            if compiled_graph_calls() == before:
-                self.count += 1
+            steps = _eager_work(report.current()) - eager_work + (compiled_graph_calls() == graph_calls)
+            if self._forward_calls == 0:
+                self.prefill += steps
+            else:
+                self.decode += steps
+            self._forward_calls += 1
             return result
 
         generator.forward = generator.model.forward = forward
+        generator.steps = self
+
+    def new_call(self) -> None:
+        self._forward_calls = 0
 
 
-def _eager_steps(report, frames: Optional[EagerFrames]) -> int:
-    """Calls of dynamic graphs that ran in eager, nodes placed in eager, and
-    frames Dynamo ran in eager (each one where ``frames`` counts them; else
-    the times it hit its limit)."""
-    gave_up = frames.count if frames is not None else dynamo_recompile_limit_hits()
-    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks()) + gave_up
+def _eager_work(report) -> int:
+    """Calls of dynamic graphs that ran in eager, and nodes placed in eager."""
+    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks())
+
+
+def _eager_steps(report, steps: Optional[EagerSteps]) -> tuple[int, int]:
+    """(prefill, decode) eager work so far. Without ``steps`` (transformers
+    compiles ``compile_config``'s decode step itself, not ``forward``), the
+    eager work and the times Dynamo hit its limit all count as decode."""
+    if steps is not None:
+        return steps.prefill, steps.decode
+    return 0, _eager_work(report) + dynamo_recompile_limit_hits()
 
 
 def correctness(arch: str, mode: str) -> dict:
@@ -277,21 +302,21 @@ def correctness(arch: str, mode: str) -> dict:
     expected = [eager(*prompt(length, batch)) for length, batch in calls]
     report.reset()
     tpu = Generator(arch, mode, "tpu")
-    # transformers compiles compile_config's decode step itself, not forward.
-    frames = EagerFrames(tpu) if mode != "compile_config" else None
+    steps = EagerSteps(tpu) if mode != "compile_config" else None
     rows = []
     compiles_batch1 = 0
     for (length, batch), want in zip(calls, expected):
         if batch == 2 and not compiles_batch1:
             compiles_batch1 = report.compile_counts()["xla_compiles"]
-        before = _eager_steps(report.current(), frames)
+        before = _eager_steps(report.current(), steps)
         started = time.perf_counter()
         got = tpu(*prompt(length, batch))
         synchronize()
+        prefill, decode = (after - first for after, first in zip(_eager_steps(report.current(), steps), before))
         rows.append({
             "prompt": length, "batch": batch, "seconds": time.perf_counter() - started,
             "equal": bool(got.shape == want.shape and (got == want).all()),
-            "eager_steps": _eager_steps(report.current(), frames) - before,
+            "eager_steps": prefill + decode, "eager_decode_steps": decode,
         })
     counts = report.compile_counts()
     return {
@@ -299,6 +324,7 @@ def correctness(arch: str, mode: str) -> dict:
         "tokens_equal": all(r["equal"] for r in rows),
         "first_call_seconds": rows[0]["seconds"],
         "eager_steps_after_first": sum(r["eager_steps"] for r in rows[1:]),
+        "eager_decode_steps_after_first": sum(r["eager_decode_steps"] for r in rows[1:]),
         "xla_compiles": counts["xla_compiles"],
         "xla_compiles_batch1": compiles_batch1 or counts["xla_compiles"],
         "dynamo_traces": counts["dynamo_traces"],

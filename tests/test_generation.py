@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("transformers")
 
 import tpu_inductor.report as report
-from benchmarks.generate import EagerFrames, Generator, prompt
+from benchmarks.generate import EagerSteps, Generator, prompt
 
 NEW_TOKENS = 12
 
@@ -33,7 +33,7 @@ def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> N
     eager = Generator(arch, mode, None)
     expected = [eager(*prompt(length, batch), NEW_TOKENS) for length, batch in calls]
     tpu = Generator(arch, mode, "tpu")
-    frames = EagerFrames(tpu)
+    steps = EagerSteps(tpu)
     for index, ((length, batch), want) in enumerate(zip(calls, expected)):
         before = sum(d.eager_calls for d in report.current().dynamic_graphs)
         got = tpu(*prompt(length, batch), NEW_TOKENS)
@@ -43,7 +43,7 @@ def _generate_and_check(arch: str, mode: str, calls: list[tuple[int, int]]) -> N
             assert after == before, f"decode steps ran in eager at prompt {length}, batch {batch}"
     assert report.current().fallbacks() == []
     assert report.dynamo_recompile_limit_hits() == gave_up  # Dynamo's recompile limit would run frames in eager
-    assert frames.count == 0
+    assert (steps.prefill, steps.decode) == (0, 0)
     dynamic = report.current().dynamic_graphs
     # The cache and prompt lengths are bucketed; no size compiles exactly.
     assert any(d.padded for d in dynamic) and not [d.exact for d in dynamic if d.exact]
@@ -83,15 +83,15 @@ def test_each_call_dynamo_runs_in_eager_past_its_recompile_limit_is_counted():
     benchmark counts each. Gemma 3 with a static cache needs 9 traces for
     generate.py's 8 calls and ran 3 prefills in eager where it reported 1.
     Here a limit of 1 leaves the prefill traced and every decode step, and
-    the second call's prefill, in eager."""
+    the second call's prefill, in eager; the benchmark tells the two apart."""
     gave_up = report.dynamo_recompile_limit_hits()
     eager = Generator("llama", "static", None)
     tpu = Generator("llama", "static", "tpu")
-    frames = EagerFrames(tpu)
+    steps = EagerSteps(tpu)
     for calls, length in enumerate((7, 12), 1):
         ids, mask = prompt(length)
         assert torch.equal(tpu(ids, mask, NEW_TOKENS), eager(ids, mask, NEW_TOKENS))
-        assert frames.count == calls * NEW_TOKENS - 1
+        assert (steps.prefill, steps.decode) == (calls - 1, calls * (NEW_TOKENS - 1))
     assert report.dynamo_recompile_limit_hits() == gave_up + 1
     # The report says so, though none of those calls reached the backend.
     record = report.current()

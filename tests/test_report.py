@@ -325,3 +325,31 @@ def test_cli_starts_without_importing_torch():
     code = "import sys, tpu_inductor.cli; print('torch' in sys.modules, 'jaxlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_past_the_recompile_limit_the_summary_names_what_changed_size():
+    """Past Dynamo's recompile limit the summary gives the setting that, in
+    the next process, traces dynamic from the first call what Dynamo learned
+    here to be dynamic one recompile at a time, in Dynamo's own names; Dynamo
+    accepts it and then needs one trace where it needed two."""
+
+    def doubled(x):
+        return x * 2
+
+    def traces(sizes) -> int:
+        torch._dynamo.reset()
+        report.reset()
+        compiled = torch.compile(doubled, backend="tpu")
+        for size in sizes:
+            compiled(torch.ones(size))
+        return report.compile_counts()["dynamo_traces"]
+
+    with torch._dynamo.config.patch(recompile_limit=2):
+        assert traces((3, 4)) == 2  # static, then x's size dynamic
+        torch.compile(doubled, backend="tpu")(torch.ones(5, dtype=torch.float64))  # a third: eager
+        summary = str(report.current())
+    assert "Dynamo hit its recompile limit (2) 1 time" in summary
+    assert "TORCH_COMPILE_DYNAMIC_SOURCES=\"L['x']\"" in summary
+    with torch.compiler.config.patch(dynamic_sources="L['x']"):
+        assert traces((3, 4, 5)) == 1
+    torch._dynamo.reset()

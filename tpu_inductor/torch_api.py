@@ -132,7 +132,7 @@ def traced_frame_and_compile_id() -> tuple[Optional[str], Optional[str]]:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         code = InstructionTranslator.current_tx().f_code
-        frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        frame = _function_label(code.co_name, code.co_filename, code.co_firstlineno)
     except Exception:
         pass
     try:
@@ -143,6 +143,30 @@ def traced_frame_and_compile_id() -> tuple[Optional[str], Optional[str]]:
     except Exception:
         pass
     return frame, compile_id
+
+
+def _function_label(name: str, filename: str, first_line: int) -> str:
+    """``forward (model.py:12)``: how the report names a function Dynamo traced."""
+    return f"{name} ({filename}:{first_line})"
+
+
+def dynamic_sources_learned(function: str) -> list[str]:
+    """Dynamo's names of the inputs and attributes of ``function`` (a label
+    as :func:`traced_frame_and_compile_id` writes it) whose sizes or values
+    its automatic dynamic has seen change in this process: what
+    ``TORCH_COMPILE_DYNAMIC_SOURCES`` takes to trace them dynamic from a
+    process's first trace (``torch._dynamo.pgo``'s profile, which writes
+    the same list as advice). Empty where this torch does not say."""
+    try:
+        from torch._dynamo import pgo
+
+        learned: list[str] = []
+        for code, state in pgo.get_code_state().items():
+            if _function_label(code.name, code.filename, code.firstlineno) == function:
+                learned += [source for source in pgo._collect_dynamic_sources(state) if source not in learned]
+        return learned
+    except Exception:  # a private structure: advice only
+        return []
 
 
 def recompile_reason() -> Optional[str]:
