@@ -22,6 +22,7 @@ import torch
 
 import tpu_inductor
 import tpu_inductor.report as report
+from tpu_inductor import torch_api
 from tpu_inductor.placement import support
 from tpu_inductor.process_state import STATE
 from tpu_inductor.reporting import files, serialize
@@ -353,3 +354,18 @@ def test_past_the_recompile_limit_the_summary_names_what_changed_size():
     with torch.compiler.config.patch(dynamic_sources="L['x']"):
         assert traces((3, 4, 5)) == 1
     torch._dynamo.reset()
+
+
+def test_the_dynamic_sources_setting_names_each_source_as_dynamo_reads_it():
+    """Dynamo deletes the setting's spaces, splits it at commas and tries each
+    entry as a regex too: a source with a comma, a space and parentheses (T5's
+    encoder outputs under ``generate()``) still names itself, and no entry
+    names another source."""
+    builder = pytest.importorskip("torch._dynamo.variables.builder")
+    if not hasattr(builder, "is_dynamic_source"):
+        pytest.skip("this torch reads the setting elsewhere")
+    encoder_outputs = "dict.__getitem__(L['kwargs']['encoder_outputs'], list(dict.keys(L['kwargs']['encoder_outputs']))[0])"
+    sources = ["L['x']", encoder_outputs, "L['cache'].layers[0].keys"]
+    with torch.compiler.config.patch(dynamic_sources=torch_api.dynamic_sources_setting(sources)):
+        assert all(builder.is_dynamic_source(source) for source in sources)
+        assert not any(builder.is_dynamic_source(other) for other in ("L['y']", "L['cache'].layers[1].keys"))

@@ -17,6 +17,7 @@ it is used as a type everywhere, and has not moved.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Callable, Optional
 
 import torch
@@ -167,6 +168,24 @@ def dynamic_sources_learned(function: str) -> list[str]:
         return learned
     except Exception:  # a private structure: advice only
         return []
+
+
+def dynamic_sources_setting(sources: list[str]) -> str:
+    """The ``TORCH_COMPILE_DYNAMIC_SOURCES`` value that names ``sources``.
+    Dynamo deletes its spaces, splits it at commas and tries each entry as a
+    regex as well as a name (``re.match``), so a name with a comma or a space
+    (``dict.__getitem__(L['kwargs']['encoder_outputs'], ...)``) or one that
+    is not a valid regex is written as an anchored regex of itself, those
+    characters matching any character."""
+    entries = []
+    for source in sources:
+        try:
+            re.compile(source)
+            plain = "," not in source and " " not in source
+        except re.error:
+            plain = False
+        entries.append(source if plain else "".join("." if c in ", " else re.escape(c) for c in source) + "$")
+    return ",".join(entries)
 
 
 def recompile_reason() -> Optional[str]:

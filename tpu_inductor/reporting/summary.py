@@ -150,7 +150,7 @@ def _learned_sources_lines(functions: list[tuple[str, int]]) -> list[str]:
     return [
         "  Or, in the next process, trace what changed size here dynamic from its first call "
         "(torch.compiler.config.dynamic_sources):",
-        f"  TORCH_COMPILE_DYNAMIC_SOURCES=\"{','.join(learned)}\"",
+        f"  TORCH_COMPILE_DYNAMIC_SOURCES=\"{torch_api.dynamic_sources_setting(learned)}\"",
     ]
 
 
