@@ -328,11 +328,12 @@ def test_cli_starts_without_importing_torch():
     assert out.split() == ["False", "False"]
 
 
-def test_past_the_recompile_limit_the_summary_names_what_changed_size():
-    """Past Dynamo's recompile limit the summary gives the setting that, in
-    the next process, traces dynamic from the first call what Dynamo learned
-    here to be dynamic one recompile at a time, in Dynamo's own names; Dynamo
-    accepts it and then needs one trace where it needed two."""
+def test_past_the_recompile_limit_the_summary_names_what_changed_size(caplog):
+    """Past Dynamo's recompile limit the summary, and a warning at that moment,
+    give the setting that, in the next process, traces dynamic from the first
+    call what Dynamo learned here to be dynamic one recompile at a time, in
+    Dynamo's own names; Dynamo accepts it and then needs one trace where it
+    needed two."""
 
     def doubled(x):
         return x * 2
@@ -347,10 +348,14 @@ def test_past_the_recompile_limit_the_summary_names_what_changed_size():
 
     with torch._dynamo.config.patch(recompile_limit=2):
         assert traces((3, 4)) == 2  # static, then x's size dynamic
-        torch.compile(doubled, backend="tpu")(torch.ones(5, dtype=torch.float64))  # a third: eager
+        with caplog.at_level(logging.WARNING, logger="tpu_inductor"):
+            torch.compile(doubled, backend="tpu")(torch.ones(5, dtype=torch.float64))  # a third: eager
         summary = str(report.current())
-    assert "Dynamo hit its recompile limit (2) 1 time" in summary
-    assert "TORCH_COMPILE_DYNAMIC_SOURCES=\"L['x']\"" in summary
+    setting = "TORCH_COMPILE_DYNAMIC_SOURCES=\"L['x']\""
+    assert "Dynamo hit its recompile limit (2) 1 time" in summary and setting in summary
+    [warned] = [r.getMessage() for r in caplog.records if r.name.startswith("tpu_inductor")]
+    assert f"Dynamo will not trace doubled ({HERE}:" in warned and "not on the device" in warned
+    assert setting in warned
     with torch.compiler.config.patch(dynamic_sources="L['x']"):
         assert traces((3, 4, 5)) == 1
     torch._dynamo.reset()

@@ -17,6 +17,7 @@ it is used as a type everywhere, and has not moved.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from typing import Any, Callable, Optional
 
@@ -186,6 +187,25 @@ def dynamic_sources_setting(sources: list[str]) -> str:
             plain = False
         entries.append(source if plain else "".join("." if c in ", " else re.escape(c) for c in source) + "$")
     return ",".join(entries)
+
+
+_LIMIT_FUNCTION = re.compile(r"'(?P<name>.+)' \((?P<file>.+):(?P<line>\d+)\)$")
+"""How Dynamo's recompile-limit warning names the function: ``'forward' (model.py:12)``."""
+
+
+def recompile_limit_function(dynamo_record: logging.LogRecord) -> Optional[str]:
+    """The function (labelled as :func:`traced_frame_and_compile_id` does)
+    that Dynamo's warning ``torch._dynamo hit config.recompile_limit`` is
+    about; None for any other record, or where this torch words it otherwise."""
+    message, args = str(dynamo_record.msg), dynamo_record.args
+    if "hit config." not in message or not isinstance(args, tuple) or len(args) < 3:
+        return None
+    if not str(args[0]).endswith("recompile_limit"):  # recompile_limit, accumulated_recompile_limit
+        return None
+    match = _LIMIT_FUNCTION.match(str(args[2]))
+    if match is None:
+        return None
+    return _function_label(match["name"], match["file"], int(match["line"]))
 
 
 def recompile_reason() -> Optional[str]:

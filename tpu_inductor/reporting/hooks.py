@@ -20,10 +20,11 @@ log = logging.getLogger(__name__)
 
 def on_dynamo_graph(gm: Any, trace: Optional[record.TraceRecord], report_dir: Optional[str]) -> None:
     """A Dynamo graph reached the backend: note where it came from and why it ended."""
-    from tpu_inductor.reporting import files, trace as structured
+    from tpu_inductor.reporting import files, recompile_limit, trace as structured
 
     try:
         structured.register_logging()
+        recompile_limit.watch_dynamo()
         files.attach(report_dir)
         frame, compile_id = torch_api.traced_frame_and_compile_id()
         if trace is not None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tpu_inductor import report as record, torch_api
+from tpu_inductor import report as record
+from tpu_inductor.reporting import recompile_limit
 
 # The stages in pipeline order; anything else a stage recorder adds follows.
 STAGE_ORDER = ("dynamo", "aot_autograd", "passes", "backend", "torch-mlir", "xla")
@@ -134,23 +135,7 @@ def _recompile_limit_lines(report: record.Report) -> list[str]:
         "PyTorch, not on the device, and is not counted here (Dynamo's warning names the guard that "
         "failed; TORCH_LOGS=recompiles lists every one):"
     ] + [f"  {frame}: {traces} traces" for frame, traces in functions] + [
-        "  Fewer traces: torch.compile(..., dynamic=True) (no static trace first); "
-        "or raise torch._dynamo.config.recompile_limit."
-    ] + _learned_sources_lines(functions)
-
-
-def _learned_sources_lines(functions: list[tuple[str, int]]) -> list[str]:
-    """The environment setting that, in the next process, traces dynamic from
-    the start what Dynamo here learned to be dynamic one recompile at a time."""
-    learned: list[str] = []
-    for frame, _ in functions:
-        learned += [source for source in torch_api.dynamic_sources_learned(frame) if source not in learned]
-    if not learned:
-        return []
-    return [
-        "  Or, in the next process, trace what changed size here dynamic from its first call "
-        "(torch.compiler.config.dynamic_sources):",
-        f"  TORCH_COMPILE_DYNAMIC_SOURCES=\"{torch_api.dynamic_sources_setting(learned)}\"",
+        f"  {line}" for line in recompile_limit.advice([frame for frame, _ in functions])
     ]
 
 
