@@ -54,7 +54,6 @@ Run: python benchmarks/generate.py [--timing] [--only llama:dynamic] [--write-do
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -69,6 +68,7 @@ from typing import Any, Callable, Optional
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.generate_steps import EagerSteps, eager_steps  # noqa: E402
 from benchmarks.generate_table import table, transfer_cell  # noqa: E402
 from tpu_inductor.report import dynamo_recompile_limit_hits  # noqa: E402
 
@@ -230,69 +230,6 @@ class Generator:
             return self.model.generate(ids, **kwargs)
 
 
-def compiled_graph_calls() -> int:
-    """Calls that reached a graph the tpu backend compiled (a dynamic graph's
-    eager calls included: those are counted by the graph)."""
-    import tpu_inductor.report as report
-
-    current = report.current()
-    return sum(g.executions for g in current.graphs) + sum(d.device_calls + d.eager_calls for d in current.dynamic_graphs)
-
-
-class EagerSteps:
-    """Counts the eager work of each call of a :class:`Generator`'s compiled
-    ``forward`` (backend "tpu"), split into prefill (a ``generate`` call's
-    first ``forward``) and decode (the others): calls of dynamic graphs that
-    ran in eager, nodes placed in eager, and calls that reached none of the
-    backend's graphs because Dynamo ran them in eager past its recompile
-    limit. Dynamo's own count (``dynamo_recompile_limit_hits``) has the first
-    of those only: from then on it runs every call of that code that no
-    cached trace accepts in eager without counting it
-    (``FrameAction.RUN_ONLY``). Wraps ``generator.forward`` (and
-    ``model.forward``); the generator calls :meth:`new_call` as it starts."""
-
-    def __init__(self, generator: "Generator") -> None:
-        import tpu_inductor.report as report
-
-        self.prefill = self.decode = 0
-        self._forward_calls = 0
-        compiled = generator.forward
-
-        # wraps: transformers reads forward's signature to decide what to pass
-        # (logits_to_keep, cache_position); a bare (*args, **kwargs) changes the graphs.
-        @functools.wraps(compiled)
-        def forward(*args, **kwargs):
-            graph_calls, eager_work = compiled_graph_calls(), _eager_work(report.current())
-            result = compiled(*args, **kwargs)
-            steps = _eager_work(report.current()) - eager_work + (compiled_graph_calls() == graph_calls)
-            if self._forward_calls == 0:
-                self.prefill += steps
-            else:
-                self.decode += steps
-            self._forward_calls += 1
-            return result
-
-        generator.forward = generator.model.forward = forward
-        generator.steps = self
-
-    def new_call(self) -> None:
-        self._forward_calls = 0
-
-
-def _eager_work(report) -> int:
-    """Calls of dynamic graphs that ran in eager, and nodes placed in eager."""
-    return sum(d.eager_calls for d in report.dynamic_graphs) + len(report.fallbacks())
-
-
-def _eager_steps(report, steps: Optional[EagerSteps]) -> tuple[int, int]:
-    """(prefill, decode) eager work so far. Without ``steps`` (transformers
-    compiles ``compile_config``'s decode step itself, not ``forward``), the
-    eager work and the times Dynamo hit its limit all count as decode."""
-    if steps is not None:
-        return steps.prefill, steps.decode
-    return 0, _eager_work(report) + dynamo_recompile_limit_hits()
-
-
 def correctness(arch: str, mode: str) -> dict:
     """Eight generate calls (four prompt lengths, batch 1 and 2) against eager's tokens."""
     import tpu_inductor.report as report
@@ -308,11 +245,11 @@ def correctness(arch: str, mode: str) -> dict:
     for (length, batch), want in zip(calls, expected):
         if batch == 2 and not compiles_batch1:
             compiles_batch1 = report.compile_counts()["xla_compiles"]
-        before = _eager_steps(report.current(), steps)
+        before = eager_steps(report.current(), steps)
         started = time.perf_counter()
         got = tpu(*prompt(length, batch))
         synchronize()
-        prefill, decode = (after - first for after, first in zip(_eager_steps(report.current(), steps), before))
+        prefill, decode = (after - first for after, first in zip(eager_steps(report.current(), steps), before))
         rows.append({
             "prompt": length, "batch": batch, "seconds": time.perf_counter() - started,
             "equal": bool(got.shape == want.shape and (got == want).all()),

@@ -17,7 +17,8 @@ import torch
 pytest.importorskip("transformers")
 
 import tpu_inductor.report as report
-from benchmarks.generate import EagerSteps, Generator, prompt
+from benchmarks.generate import Generator, prompt
+from benchmarks.generate_steps import EagerSteps
 
 NEW_TOKENS = 12
 
