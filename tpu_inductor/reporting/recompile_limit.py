@@ -55,14 +55,16 @@ class _LimitWarning(logging.Filter):
     the backend compiled, first warns what that means here and what to do."""
 
     def filter(self, dynamo_record: logging.LogRecord) -> bool:
-        function = torch_api.recompile_limit_function(dynamo_record)
-        if function is not None and any(trace.frame == function for trace in record.current().traces):
-            lines = advice([function])
-            log.warning(
-                "tpu_inductor: Dynamo will not trace %s again (its recompile limit): each of its calls that no "
-                "trace accepts now runs in eager PyTorch, not on the device. %s",
-                function, "\n  ".join(lines),
-            )
+        try:
+            function = torch_api.recompile_limit_function(dynamo_record)
+            if function is not None and any(trace.frame == function for trace in record.current().traces):
+                log.warning(
+                    "tpu_inductor: Dynamo will not trace %s again (its recompile limit): each of its calls that "
+                    "no trace accepts now runs in eager PyTorch, not on the device. %s",
+                    function, "\n  ".join(advice([function])),
+                )
+        except Exception as exc:  # runs inside Dynamo's call: advice never fails it
+            log.debug("tpu_inductor: no advice for Dynamo's recompile limit: %r", exc)
         return True
 
 
