@@ -12,6 +12,8 @@ import torch
 # Not claimed: ``narrow`` (its OpInfo samples with a tensor ``start`` slice by a
 # value read from the tensor, a data-dependent size that runs eagerly).
 FLOAT32_OPS = (
+    # embedding bags as lookups and per-bag sums (decompositions/embedding_bags.py).
+    'nn.functional.embedding_bag',
     # complex results as float32 parts (passes/complex_as_real_pairs.py).
     'cdouble', 'cfloat', 'chalf', 'complex', 'polar', 'view_as_complex',
     # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
@@ -169,6 +171,8 @@ INT64_OPS = (
 )
 
 BFLOAT16_OPS = (
+    # embedding bags as lookups and per-bag sums (decompositions/embedding_bags.py).
+    'nn.functional.embedding_bag',
     # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.

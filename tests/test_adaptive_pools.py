@@ -72,3 +72,24 @@ def test_symbolic_sizes_keep_the_op():
         x = torch.randn(shape)
         for got, expected in zip(fn(x), F.adaptive_max_pool3d(x, (3, 2, 5), return_indices=True)):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "pool, shape, size",
+    [
+        (F.adaptive_avg_pool2d, (2, 3, 32, 32), (3, 3)),  # windows of 11 and 12 rows
+        (F.adaptive_avg_pool2d, (3, 10, 9), (7, 13)),  # no batch dim, output larger than input
+        (F.adaptive_avg_pool2d, (2, 4, 8, 8), (4, 2)),  # evenly dividing
+        (F.adaptive_avg_pool3d, (1, 2, 10, 9, 5), (4, 3, 2)),
+    ],
+    ids=["2d", "2d_no_batch", "2d_dividing", "3d"],
+)
+def test_adaptive_avg_pool_backward_runs_on_the_device(pool, shape, size):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    twin = x.detach().clone().requires_grad_()
+    cotangent = torch.randn(pool(twin, size).shape, generator=torch.Generator().manual_seed(1))
+    (on_device(lambda t: pool(t, size), x) * cotangent).sum().backward()
+    assert report.current().fallbacks() == []  # the backward too
+    (pool(twin, size) * cotangent).sum().backward()
+    # Each gradient is a sum of at most a few window shares: a few ulps.
+    torch.testing.assert_close(x.grad, twin.grad, rtol=1e-6, atol=1e-6)

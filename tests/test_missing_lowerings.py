@@ -213,32 +213,6 @@ def test_argument_corners_run_on_the_device(case):
     torch.testing.assert_close(got, expected, rtol=rtol, atol=rtol)
 
 
-@pytest.mark.parametrize(
-    "offsets, include_last_offset",
-    [([0, 3, 5, 7, 9, 10, 15], False), ([0, 3, 3, 7, 18], True), ([0, 2], False)],
-    ids=["bags", "empty_bag_last_offset", "two_bags"],
-)
-@pytest.mark.parametrize("op", [torch.ops.aten._embedding_bag, torch.ops.aten._embedding_bag_forward_only])
-def test_embedding_bag_sum_runs_on_the_device(op, offsets, include_last_offset):
-    if op is torch.ops.aten._embedding_bag_forward_only and include_last_offset:
-        pytest.skip("kept as the op: eager's max_indices differs from its meta shape")
-    weight = torch.randn(100, 10, generator=torch.Generator().manual_seed(0))
-    indices = torch.tensor([0, 1, 2, 2, 0, 2, 1, 3, 20, 50, 99, 2, 4, 5, 6, 7, 34, 54])
-    fn = lambda w, i, o: op(w, i, o, False, 0, False, None, include_last_offset)  # noqa: E731
-    got, expected = on_device(fn, weight, indices, torch.tensor(offsets)), fn(weight, indices, torch.tensor(offsets))
-    # Bags of at most 8 rows summed in another order: a few ulps; the index outputs exactly.
-    torch.testing.assert_close(got[0], expected[0], rtol=1e-6, atol=1e-6)
-    for g, e in zip(got[1:], expected[1:]):
-        torch.testing.assert_close(g, e, rtol=0, atol=0)
-
-
-def test_embedding_bag_module_sums_on_the_device():
-    bag = torch.nn.EmbeddingBag(20, 4, mode="sum")
-    x = torch.randint(0, 20, (3, 5), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(on_device(bag, x), bag(x), rtol=1e-6, atol=1e-6)
-
-
 def _masked_assignments():
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(5, 5, generator=generator)

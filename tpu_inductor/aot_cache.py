@@ -15,9 +15,11 @@ graph again; its islands then come from the graph and executable levels
 What is in the key besides PyTorch's own parts (the Dynamo graph, input
 metadata and dynamic dims, grad mode, torch's configs and sources, the thread
 count): :func:`key_tag`, our source digest, because our decomposition table
-shapes the traced graph. Our options are not: none changes what AOTAutograd
-traces (they act in the pipeline, which reruns on a hit), and the levels
-below key on the options that change their output.
+shapes the traced graph, and which decomposition set traced it (embedding
+bags left whole on the CPU client with ``eager_kernels``). No other option
+is: none changes what AOTAutograd traces (they act in the pipeline, which
+reruns on a hit), and the levels below key on the options that change their
+output.
 
 PyTorch keeps these entries in its own cache directory
 (``TORCHINDUCTOR_CACHE_DIR``, shared with Inductor); ``tpu-inductor cache``
@@ -147,9 +149,11 @@ def pays(gm: torch.fx.GraphModule, needs_grad: bool) -> bool:
     return needs_grad or len(gm.graph.nodes) >= MIN_INFERENCE_NODES
 
 
-def key_tag() -> str:
-    """What we add to AOTAutogradCache's key (through ``cache_key_tag``)."""
-    return f"tpu_inductor:{versions_digest()}"
+def key_tag(decompositions: str) -> str:
+    """What we add to AOTAutogradCache's key (through ``cache_key_tag``):
+    our versions, and which of our decomposition sets traced the graph
+    (backend.py: whether embedding bags were left whole for PyTorch's kernels)."""
+    return f"tpu_inductor:{versions_digest()}:{decompositions}"
 
 
 _local = threading.local()
@@ -166,6 +170,7 @@ def traced_level(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
     cache_dir: CacheDir,
+    decompositions: str,
 ) -> Iterator[None]:
     """AOTAutograd runs inside: its cache on for our compilers, hits rebuilt
     with ``compile_aten``, and the lookup recorded in the report (a miss
@@ -188,17 +193,18 @@ def traced_level(
                 bundled_autograd_cache=True, force_non_lazy_backward_lowering=needs_grad
             )
         )
-        stack.enter_context(torch.compiler.config.patch(cache_key_tag=f"{user_tag}|{key_tag()}"))
+        stack.enter_context(torch.compiler.config.patch(cache_key_tag=f"{user_tag}|{key_tag(decompositions)}"))
         bypasses = stack.enter_context(_bypass_reasons())
         try:
             yield
         finally:
             _local.compile_aten = previous
-            _record_lookup(before, dict(counters["aot_autograd"]), bypasses, _Traced.of(gm, example_inputs, cache_dir))
+            _record_lookup(before, dict(counters["aot_autograd"]), bypasses, _Traced.of(gm, example_inputs, cache_dir, decompositions))
 
 
 _MISS_REASONS = {
     "versions": "version changed",
+    "decompositions": "decompositions changed (platform or option eager_kernels)",
     "inputs": "input shapes or dtypes changed",
     "grad_mode": "grad mode changed",
     "threads": "thread count changed",
@@ -217,9 +223,12 @@ class _Traced:
     seen: dict[str, Any]
 
     @classmethod
-    def of(cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cache_dir: CacheDir) -> "_Traced":
+    def of(
+        cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cache_dir: CacheDir, decompositions: str
+    ) -> "_Traced":
         seen = {
-            "versions": f"{key_tag()} torch {torch.__version__}",
+            "versions": f"tpu_inductor:{versions_digest()} torch {torch.__version__}",
+            "decompositions": decompositions,
             "inputs": [_describe(x) for x in example_inputs],
             "grad_mode": torch.is_grad_enabled(),
             "threads": torch.get_num_threads(),

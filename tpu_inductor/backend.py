@@ -17,13 +17,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from tpu_inductor import aot_cache, report
-from tpu_inductor.torch_api import aot_autograd, min_cut_rematerialization_partition, recompile_reason
+from tpu_inductor.torch_api import above_autograd, aot_autograd, min_cut_rematerialization_partition, recompile_reason
 from tpu_inductor.compiled_graph import CompileContext, compile_graph, eager_graph, parameter_inputs
 from tpu_inductor.config import Config, check_mode
 from tpu_inductor.dynamic import dynamic_dims
 from tpu_inductor.errors import TpuInductorError
 from tpu_inductor.lowering.pipelines import start_worker
-from tpu_inductor.decompositions.table import decomposition_table
+from tpu_inductor.decompositions.table import above_autograd_decompositions, decomposition_table
 from tpu_inductor.analysis.in_place_updates import in_place_update_reason
 from tpu_inductor.passes.input_writes_in_place import InputWrites
 from tpu_inductor.passes.rewrite import runnable_copy
@@ -58,6 +58,9 @@ def tpu_backend(
     compile_aten = functools.partial(_compile_aten, context=context, trace=dynamo_trace, options=options or {})
     needs_grad = _needs_grad(example_inputs)
     cached = context.config.cache and aot_cache.pays(gm, needs_grad)
+    # On the CPU client PyTorch's embedding-bag kernels run them
+    # (placement/kernel_choice.py); elsewhere they are decomposed to lower.
+    keep_embedding_bags = context.kernels is not None
 
     def compiler(kind: str):
         if cached:
@@ -74,15 +77,18 @@ def tpu_backend(
         # shapes (analysis/padding_safety.py), and because passes/attention.py
         # builds it from ATen ops faster than AOTAutograd traces PyTorch's
         # decomposition of it.
-        decompositions=decomposition_table(keep_attention=not needs_grad),
+        decompositions=decomposition_table(keep_attention=not needs_grad, keep_embedding_bags=keep_embedding_bags),
     )
     traced_level = (
-        aot_cache.traced_level(compile_aten, needs_grad, gm, example_inputs, context.disk_cache)
+        aot_cache.traced_level(
+            compile_aten, needs_grad, gm, example_inputs, context.disk_cache,
+            decompositions="embedding bags kept" if keep_embedding_bags else "embedding bags decomposed",
+        )
         if cached
         else contextlib.nullcontext()
     )
-    with _attention_for_autograd(needs_grad), report.within_trace(dynamo_trace):
-        with report.stage("aot_autograd"), traced_level:
+    with _attention_for_autograd(needs_grad), above_autograd(above_autograd_decompositions(keep_embedding_bags)):
+        with report.within_trace(dynamo_trace), report.stage("aot_autograd"), traced_level:
             return trace(gm, example_inputs)
 
 

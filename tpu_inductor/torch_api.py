@@ -16,10 +16,11 @@ it is used as a type everywhere, and has not moved.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
@@ -90,6 +91,48 @@ not wrapped, since it runs for every tensor an island returns."""
 
 SET_GRAD_ENABLED: Callable[[bool], None] = torch._C._set_grad_enabled
 """The call ``torch.no_grad()`` and ``torch.enable_grad()`` put in a Dynamo graph."""
+
+
+@contextlib.contextmanager
+def above_autograd(kernels: Mapping[torch._ops.OpOverload, Callable]) -> Iterator[None]:
+    """Trace these CompositeImplicitAutograd ops as ``kernels`` say, above
+    autograd, while the block runs.
+
+    A composite op's C++ kernel runs before a decomposition table is
+    consulted, so what autograd records is whatever that kernel calls, with
+    that op's backward. The Python dispatcher (on while AOTAutograd traces)
+    prefers an op's Python kernel for ``CompositeImplicitAutograd``, which
+    is how PyTorch's own ``torch._decomp`` reroutes ``dropout``; here only
+    for the block, so that other backends in the process trace as before.
+    A kernel that returns ``NotImplemented`` hands the call to the C++ one.
+    """
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    saved = {}
+    for op, kernel in kernels.items():
+
+        def python_kernel(*args: Any, op=op, kernel=kernel, **kwargs: Any) -> Any:
+            result = kernel(*args, **kwargs)
+            return op._op_dk(key, *args, **kwargs) if result is NotImplemented else result
+
+        saved[op] = op.py_kernels.get(key)
+        op.py_kernels[key] = python_kernel
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, previous in saved.items():
+            if previous is None:
+                del op.py_kernels[key]
+            else:
+                op.py_kernels[key] = previous
+            op._dispatch_cache.clear()
+
+
+def operator_schemas(prefix: str) -> list[Any]:
+    """The ``torch._C.FunctionSchema`` of every registered operator whose name
+    (``aten::_foreach_add``) starts with ``prefix``: every overload, also
+    those no ``torch.ops`` lookup has loaded yet."""
+    return [schema for schema in torch._C._jit_get_all_schemas() if schema.name.startswith(prefix)]
 
 
 def static_input_indices() -> Optional[tuple[int, ...]]:

@@ -32,11 +32,15 @@ def component_versions() -> dict[str, str]:
     return {dist: installed(dist) or "absent" for dist in COMPONENTS}
 
 
-# The source that turns a cached input into a cached output. Placement only
-# decides which ops reach an island, and the island itself is in the graph key;
-# leaving it (and the passes, the report...) out keeps edits there from
-# turning every developer's cache cold.
-_KEYED_SOURCE = ("lowering/*.py", "runtime/executable.py", "runtime/platform.py", "runtime/disk_cache.py")
+# The source that turns a cached input into a cached output: the
+# decompositions shape the ATen graph AOTAutogradCache keeps (aot_cache.py),
+# the rest what an island compiles to. Placement only decides which ops reach
+# an island, and the island itself is in the graph key; leaving it (and the
+# passes, the report...) out keeps edits there from turning every
+# developer's cache cold.
+_KEYED_SOURCE = (
+    "decompositions/*.py", "lowering/*.py", "runtime/executable.py", "runtime/platform.py", "runtime/disk_cache.py",
+)
 
 
 @functools.cache

@@ -17,6 +17,10 @@ their last position, which changes neither a maximum nor, below, an index)
 and reduced one dim at a time: a box maximum is separable, and so is the
 index eager picks (the first maximum in row-major order, or the last NaN),
 by taking it innermost dim first.
+
+The backward of an adaptive average (``_adaptive_avg_pool{2,3}d_backward``),
+which torch-mlir did not lower but for a global pool, is the gradient contracted with one
+``[out, size]`` window-weight matrix a dim.
 """
 
 from __future__ import annotations
@@ -163,6 +167,39 @@ def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int], spatial: int
     return total.contiguous()
 
 
+def _window_weights(size: int, out: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[out, size]``: ``1 / length`` where input position ``p`` is in output
+    ``i``'s window, else 0: one dim of an adaptive average as a matrix."""
+    positions, real, lengths, _ = _window_positions(size, out, device)
+    inside = ((positions.unsqueeze(-1) == torch.arange(size, device=device)) & real.unsqueeze(-1)).any(1)
+    return inside.to(dtype) / lengths.to(dtype)
+
+
+def _adaptive_avg_pool_backward(grad: torch.Tensor, x: torch.Tensor, spatial: int):
+    """``_adaptive_avg_pool{spatial}d_backward``: each output's gradient
+    spread over its window, divided by the window's size.
+
+    An adaptive average is linear and separable, one ``[out, size]`` weight
+    matrix a dim (:func:`_window_weights`), so its gradient is the gradient
+    contracted with those matrices, dim by dim. torch-mlir failed on the op
+    for every output but a global pool (which PyTorch makes a ``mean``): a
+    32x32 -> 3x3 pool in training ran its backward in eager, after a
+    warning; an 8x8 -> 4x2 one too. float32
+    and float64 only; the division by each dim's length in turn, not by the
+    window's area: a few ulps.
+    """
+    checked = _static_sizes(x, list(grad.shape[-spatial:]), spatial)
+    if checked is None or x.dtype not in (torch.float32, torch.float64) or grad.dtype != x.dtype:
+        return NotImplemented
+    sizes, outs = checked
+    result = grad
+    for axis in range(spatial):
+        weights = _window_weights(sizes[axis], outs[axis], x.dtype, x.device)  # [out, size]
+        dim = x.dim() - spatial + axis
+        result = torch.tensordot(result.movedim(dim, -1), weights, dims=1).movedim(-1, dim)
+    return result.contiguous()
+
+
 def _max_pool2d(x: torch.Tensor, output_size: Sequence[int]):
     """PyTorch's decomposition where it has one (global, or evenly dividing
     windows: a plain max pool), the windowed one otherwise."""
@@ -175,4 +212,6 @@ ADAPTIVE_POOL_DECOMPOSITIONS: dict = {
     aten.adaptive_max_pool2d.default: _max_pool2d,
     aten.adaptive_max_pool3d.default: lambda x, output_size: _adaptive_max_pool(x, output_size, 3),
     aten._adaptive_avg_pool3d.default: lambda x, output_size: _adaptive_avg_pool(x, output_size, 3),
+    aten._adaptive_avg_pool2d_backward.default: lambda grad, x: _adaptive_avg_pool_backward(grad, x, 2),
+    aten._adaptive_avg_pool3d_backward.default: lambda grad, x: _adaptive_avg_pool_backward(grad, x, 3),
 }

@@ -31,10 +31,6 @@ e2e suite, ``benchmarks/torch_mlir_e2e.py``):
   ``_trilinear`` sized to no elements (that empty tensor), integer
   ``scatter_reduce`` ``mean`` (eager floors the quotient) and ``_int_mm``
   of mixed-sign 8-bit operands (an int32 matmul);
-* ``_embedding_bag`` (and ``_forward_only``) in ``sum`` mode on eager's
-  float32 fast path: an ``index_add`` of the looked-up rows at each index's
-  bag, with the auxiliary outputs that path returns (an empty
-  ``offset2bag``, zero ``bag_size`` and ``max_indices``);
 * transposed convolutions with an ``output_padding`` above 1: torch-mlir
   inferred an output one row short and one column long ("inferred shape
   '[1, 1, 197, 227]' is incompatible with ... 198x226"); here the forward
@@ -273,50 +269,6 @@ def _mixed_sign_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.to(torch.int32), b.to(torch.int32))
 
 
-def _embedding_bag_sum(forward_only: bool):
-    """``_embedding_bag(weight, indices, offsets, ..., mode=0)`` as an ``index_add``.
-
-    Bag ``b`` sums the rows of ``indices[offsets[b]:offsets[b + 1]]`` (the
-    last bag runs to the end, or, with ``include_last_offset``, the last
-    offset closes it); index ``j`` is in bag ``#{b : offsets[b] <= j} - 1``.
-    Only the case eager's CPU kernel runs on its fast path (float32 rows of
-    unit stride, no per-sample weights, no padding index), whose other
-    outputs are fixed: ``offset2bag`` empty, ``bag_size`` and
-    ``max_indices`` zeros, shaped as its meta function says. Mean and max
-    bags, and every other case, keep the op. Sums of a bag's rows in another
-    order than eager's: a few ulps.
-    """
-
-    def decomposition(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                      per_sample_weights=None, include_last_offset=False, padding_idx=-1):
-        fast_path = (
-            mode == 0 and per_sample_weights is None and (padding_idx is None or padding_idx < 0)
-            and weight.dtype == torch.float32 and weight.dim() == 2 and weight.stride(1) == 1
-            and indices.dim() == 1 and offsets.dim() == 1
-        )
-        if not fast_path or not all(isinstance(n, int) for n in (*weight.shape, *indices.shape, *offsets.shape)):
-            return NotImplemented
-        bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
-        if bags < 0 or (forward_only and include_last_offset):
-            # forward_only's max_indices with include_last_offset: eager's has
-            # one more row than its meta function says; keep the op.
-            return NotImplemented
-        positions = torch.arange(indices.shape[0], device=indices.device)
-        starts = offsets[:bags] if include_last_offset else offsets
-        bag = (starts.unsqueeze(0) <= positions.unsqueeze(1)).sum(1) - 1  # [J]
-        inside = bag >= 0
-        if include_last_offset:
-            inside = inside & (positions < offsets[bags])
-        rows = torch.where(inside.unsqueeze(1), weight.index_select(0, indices), 0)
-        output = weight.new_zeros((bags, weight.shape[1])).index_add(0, bag.clamp_min(0), rows)
-        offset2bag = offsets.new_zeros((0,))
-        bag_size = offsets.new_zeros((offsets.shape[0] if forward_only else bags,))
-        max_indices = offsets.new_zeros((bags,))
-        return output, offset2bag, bag_size, max_indices
-
-    return decomposition
-
-
 def _transposed_convolution_as_forward(x, weight, bias, stride, padding, dilation, transposed: bool,
                                        output_padding, groups: int):
     """A transposed convolution as the convolution eager's own math is equivalent to.
@@ -512,8 +464,6 @@ MISSING_LOWERING_DECOMPOSITIONS: dict = {
     aten.conv_tbc.default: _conv_tbc_as_convolution,
     aten.trace.default: _empty_trace,
     aten._int_mm.default: _mixed_sign_int_mm,
-    aten._embedding_bag.default: _embedding_bag_sum(forward_only=False),
-    aten._embedding_bag_forward_only.default: _embedding_bag_sum(forward_only=True),
     aten.convolution.default: _transposed_convolution_as_forward,
     aten._trilinear.default: _empty_trilinear,
 }

@@ -19,7 +19,9 @@ from tpu_inductor.torch_api import pytorch_decomposition
 from tpu_inductor.decompositions.adaptive_pools import ADAPTIVE_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
+from tpu_inductor.decompositions.embedding_bags import ABOVE_AUTOGRAD_DECOMPOSITIONS, EMBEDDING_BAG_DECOMPOSITIONS
 from tpu_inductor.decompositions.exact_values import EXACT_VALUE_DECOMPOSITIONS
+from tpu_inductor.decompositions.foreach_ops import FOREACH_DECOMPOSITIONS
 from tpu_inductor.decompositions.grouped_matmul import grouped_matmul_decompositions
 from tpu_inductor.decompositions.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
 from tpu_inductor.decompositions.module_fast_paths import FAST_PATH_DECOMPOSITIONS
@@ -387,17 +389,31 @@ def _unless_kept_whole(op: torch._ops.OpOverload, decomposition: Callable) -> Ca
     return decompose
 
 
-def decomposition_table(keep_attention: bool = False) -> dict[torch._ops.OperatorBase, Callable]:
+def above_autograd_decompositions(keep_embedding_bags: bool = False) -> dict[torch._ops.OperatorBase, Callable]:
+    """Composite ops decomposed before autograd records them, so that their
+    backward is that of the ops they become (``torch_api.above_autograd``):
+    a table entry for such an op is never consulted, since its C++ kernel
+    runs first. ``keep_embedding_bags``: see :func:`decomposition_table`."""
+    return {} if keep_embedding_bags else ABOVE_AUTOGRAD_DECOMPOSITIONS
+
+
+def decomposition_table(
+    keep_attention: bool = False, keep_embedding_bags: bool = False
+) -> dict[torch._ops.OperatorBase, Callable]:
     """The table for this compile: ours over torch-mlir's.
 
+    ``keep_embedding_bags``: leave embedding bags whole, for PyTorch's own
+    kernels to run (placement/kernel_choice.py says where and why).
     Grouped matmuls come from libraries imported at any time, so the ops
     registered now are part of the cache key.
     """
-    return _table(keep_attention, tuple(grouped_matmul_decompositions().items()))
+    return _table(keep_attention, keep_embedding_bags, tuple(grouped_matmul_decompositions().items()))
 
 
 @functools.cache
-def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.OperatorBase, Callable]:
+def _table(
+    keep_attention: bool, keep_embedding_bags: bool, grouped_matmuls: tuple
+) -> dict[torch._ops.OperatorBase, Callable]:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     # Imported here, not at the top: the passes package imports this module
@@ -415,6 +431,8 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
     table.update(POOLING_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)
     table.update(MISSING_LOWERING_DECOMPOSITIONS)
+    table.update(FOREACH_DECOMPOSITIONS)
+    table.update(EMBEDDING_BAG_DECOMPOSITIONS)
     table.update(ADAPTIVE_POOL_DECOMPOSITIONS)
     table.update(MASK_INDEX_PUT_DECOMPOSITIONS)
     table.update(FAST_PATH_DECOMPOSITIONS)
@@ -425,6 +443,9 @@ def _table(keep_attention: bool, grouped_matmuls: tuple) -> dict[torch._ops.Oper
         table[op] = _unless_kept_whole(op, table[op])
     if keep_attention:
         for op in ATTENTION_OPS:
+            table.pop(op, None)
+    if keep_embedding_bags:
+        for op in EMBEDDING_BAG_DECOMPOSITIONS:
             table.pop(op, None)
     # None: a PyTorch decomposition this torch does not have (torch_api.pytorch_decomposition).
     return {op: _kept_whole_where_complex_is_refused(op, d) for op, d in table.items() if d is not None}

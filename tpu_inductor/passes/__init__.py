@@ -26,6 +26,7 @@ from tpu_inductor.passes.inline_subgraph_calls import inline_subgraph_calls
 from tpu_inductor.passes.mask_index_put_as_where import mask_index_put_as_where
 from tpu_inductor.passes.pad_into_convolution import pad_into_convolution
 from tpu_inductor.passes.scalar_tensor_as_full import scalar_tensor_as_full
+from tpu_inductor.passes.splat_constants import splat_constants
 from tpu_inductor.passes.true_divide_as_div import true_divide_as_div
 from tpu_inductor.passes.wrap_negative_indices import wrap_negative_indices
 
@@ -44,6 +45,7 @@ PIPELINE: tuple[GraphPass, ...] = (
     flex_attention_as_math,
     cuda_attention_as_cpu_attention,
     scalar_tensor_as_full,
+    splat_constants,
     true_divide_as_div,
     empty_as_zeros,
     mask_index_put_as_where,

@@ -157,6 +157,17 @@ KNOWN_UNSUPPORTED = frozenset(
         "aten.special_spherical_bessel_j0",
         "aten.special_zeta",
         "aten.triangular_solve",
+        # Found by trying models as users write them (2026-12-07): each failed
+        # a lowering, with a warning and a reproducer, on its first call.
+        "aten.linalg_det",
+        "aten._linalg_det",
+        "aten._upsample_bilinear2d_aa",
+        "aten._upsample_bilinear2d_aa_backward",
+        "aten._upsample_bicubic2d_aa",
+        "aten._upsample_bicubic2d_aa_backward",
+        "aten.median",
+        "aten.nanmedian",
+        "aten.kthvalue",
     }
 )
 
