@@ -35,12 +35,16 @@ OFFSETS = {
 
 
 def _cases():
+    """Every mode, padding and weighting over bags with empty ones; the other
+    offsets once a mode in the default run, the rest under ``-m slow``."""
     for mode in ("sum", "mean", "max"):
         for offsets in OFFSETS:
             for padding_idx in (None, 3):
                 for weighted in (False, True) if mode == "sum" else (False,):
+                    default = offsets == "empty_bags" or (padding_idx is None and not weighted)
                     yield pytest.param(mode, offsets, padding_idx, weighted,
-                                       id=f"{mode}-{offsets}-pad{padding_idx}" + ("-weighted" if weighted else ""))
+                                       id=f"{mode}-{offsets}-pad{padding_idx}" + ("-weighted" if weighted else ""),
+                                       marks=() if default else pytest.mark.slow)
 
 
 def _bag_fn(mode, offsets, padding_idx, weighted):

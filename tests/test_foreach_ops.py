@@ -50,7 +50,7 @@ def _on_device(fn, *args, **kwargs):
 
 @pytest.mark.parametrize("op", FOREACH_OPS, ids=lambda op: op.name)
 def test_foreach_op_runs_on_the_device(op):
-    samples = list(_samples(op))[:2]
+    samples = list(_samples(op))[:1]
     assert samples
     for sample in samples:
         torch._dynamo.reset()
