@@ -78,6 +78,7 @@ def _evaluated(node: torch.fx.Node, splats: dict[torch.fx.Node, torch.Tensor]) -
             not isinstance(target, torch._ops.OpOverload)
             or torch.Tag.pointwise not in target.tags
             or torch.Tag.nondeterministic_seeded in target.tags
+            or target._schema.is_mutable  # an in-place op's target must stay written
         ):
             return None
         if any(isinstance(a, (list, tuple)) for a in node.args):
