@@ -149,11 +149,15 @@ def pays(gm: torch.fx.GraphModule, needs_grad: bool) -> bool:
     return needs_grad or len(gm.graph.nodes) >= MIN_INFERENCE_NODES
 
 
+def _versions_tag() -> str:
+    return f"tpu_inductor:{versions_digest()}"
+
+
 def key_tag(decompositions: str) -> str:
     """What we add to AOTAutogradCache's key (through ``cache_key_tag``):
     our versions, and which of our decomposition sets traced the graph
     (backend.py: whether embedding bags were left whole for PyTorch's kernels)."""
-    return f"tpu_inductor:{versions_digest()}:{decompositions}"
+    return f"{_versions_tag()}:{decompositions}"
 
 
 _local = threading.local()
@@ -227,7 +231,7 @@ class _Traced:
         cls, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cache_dir: CacheDir, decompositions: str
     ) -> "_Traced":
         seen = {
-            "versions": f"tpu_inductor:{versions_digest()} torch {torch.__version__}",
+            "versions": f"{_versions_tag()} torch {torch.__version__}",
             "decompositions": decompositions,
             "inputs": [_describe(x) for x in example_inputs],
             "grad_mode": torch.is_grad_enabled(),

@@ -96,8 +96,7 @@ def _first_maxima(rows: torch.Tensor, real: torch.Tensor, bag: torch.Tensor, int
 def _bag_output(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
     count, bags = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
     bag = _bag_of_each_index(offsets, count, bags)
-    started = bag >= 0  # eager refuses offsets that do not start at 0
-    real = started
+    real = bag >= 0  # eager refuses offsets that do not start at 0
     if include_last_offset:
         real = real & (torch.arange(count, device=indices.device) < offsets[bags])
     if padding_idx is not None and padding_idx >= 0:

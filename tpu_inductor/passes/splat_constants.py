@@ -45,32 +45,38 @@ _SHAPE_ONLY = frozenset({
 """Ops that keep a splat a splat of the same value (at most a new dtype or shape)."""
 
 
-def _splat_value(node: torch.fx.Node) -> Optional[torch.Tensor]:
-    """A 1-element tensor holding ``node``'s only value (its dtype, a 0-d or
-    1-d shape by its rank, for eager's type promotion), or None."""
+def _static_real_value(node: torch.fx.Node) -> Optional[torch.Tensor]:
+    """``node``'s FakeTensor value where it is a tensor, not complex, of static shape."""
     value = node.meta.get("val")
-    if node.op != "call_function" or not isinstance(value, torch.Tensor) or value.is_complex():
+    if not isinstance(value, torch.Tensor) or value.is_complex() or not all(isinstance(n, int) for n in value.shape):
         return None
-    if not all(isinstance(n, int) for n in value.shape):
-        return None
+    return value
+
+
+def _element_shape(value: torch.Tensor) -> list[int]:
+    """0-d for a 0-d value, else 1-d: the rank class eager's type promotion reads."""
+    return [1] * min(value.dim(), 1)
+
+
+def _splat_value(node: torch.fx.Node, value: torch.Tensor) -> Optional[torch.Tensor]:
+    """A 1-element tensor holding the only value of ``node``, a ``full``, or None."""
     if node.target in (aten.full.default, aten.full_like.default):
         fill = node.args[1]
         if isinstance(fill, (bool, int, float)):
             with unset_fake_temporarily():
-                return torch.full([1] * min(value.dim(), 1), fill, dtype=value.dtype)
+                return torch.full(_element_shape(value), fill, dtype=value.dtype)
     return None
 
 
-def _evaluated(node: torch.fx.Node, splats: dict[torch.fx.Node, torch.Tensor]) -> Optional[torch.Tensor]:
+def _evaluated(
+    node: torch.fx.Node, value: torch.Tensor, splats: dict[torch.fx.Node, torch.Tensor]
+) -> Optional[torch.Tensor]:
     """``node`` run by PyTorch on its splat operands' single elements."""
-    value = node.meta.get("val")
     target = node.target
-    if not isinstance(value, torch.Tensor) or value.is_complex() or not all(isinstance(n, int) for n in value.shape):
-        return None
     operands = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
     if not operands or any(a not in splats for a in operands):
         return None
-    shaped = [1] * min(value.dim(), 1)
+    shaped = _element_shape(value)
     with unset_fake_temporarily():
         if target in _SHAPE_ONLY:
             return splats[operands[0]].reshape(-1)[0].to(value.dtype).reshape(shaped)
@@ -91,8 +97,7 @@ def _evaluated(node: torch.fx.Node, splats: dict[torch.fx.Node, torch.Tensor]) -
         return result.reshape(shaped)
 
 
-def _full_of(node: torch.fx.Node, element: torch.Tensor) -> tuple[tuple, dict[str, Any]]:
-    value = node.meta["val"]
+def _full_of(value: torch.Tensor, element: torch.Tensor) -> tuple[tuple, dict[str, Any]]:
     kwargs = {"dtype": value.dtype, "device": value.device, "pin_memory": False}
     with unset_fake_temporarily():
         return (list(value.shape), element.item()), kwargs
@@ -102,14 +107,15 @@ def splat_constants(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     splats: dict[torch.fx.Node, torch.Tensor] = {}
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function":
+        value = _static_real_value(node) if node.op == "call_function" else None
+        if value is None:
             continue
-        element = _splat_value(node)
+        element = _splat_value(node, value)
         if element is None:
-            element = _evaluated(node, splats)
+            element = _evaluated(node, value, splats)
             if element is None:
                 continue
-            node = replace_with_call(gm, node, aten.full.default, *_full_of(node, element))
+            node = replace_with_call(gm, node, aten.full.default, *_full_of(value, element))
             changed = True
         splats[node] = element
     if changed:
