@@ -12,6 +12,9 @@ import torch
 # Not claimed: ``narrow`` (its OpInfo samples with a tensor ``start`` slice by a
 # value read from the tensor, a data-dependent size that runs eagerly).
 FLOAT32_OPS = (
+    # flat writes, sorted lookups, scatters with a reduce, cdist and number operands
+    # (decompositions/lookups.py, distances.py, table.py's _scalar_as_tensor).
+    'put', 'searchsorted', 'isin', 'scatter', 'cross', 'linalg.cross', 'take_along_dim', '__rmod__', 'remainder', 'cdist',
     # embedding bags as lookups and per-bag sums (decompositions/embedding_bags.py).
     'nn.functional.embedding_bag',
     # complex results as float32 parts (passes/complex_as_real_pairs.py).
@@ -110,6 +113,10 @@ FLOAT32_OPS = (
 )
 
 INT64_OPS = (
+    # flat writes, sorted lookups, scatters with a reduce and number operands
+    # (decompositions/lookups.py, table.py's _scalar_as_tensor).
+    'put', 'searchsorted', 'isin', 'scatter', 'cross', 'linalg.cross', 'take_along_dim', '__rmod__', 'remainder',
+    'bitwise_left_shift', 'bitwise_right_shift',
     # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).
     'diag', 'diagonal', 'diagonal_copy', 'linalg.diagonal', 'trace',
     # aten.unfold lowers through our index_select decomposition.
@@ -171,6 +178,9 @@ INT64_OPS = (
 )
 
 BFLOAT16_OPS = (
+    # flat writes, sorted lookups, scatters with a reduce, cdist and number operands
+    # (decompositions/lookups.py, distances.py, table.py's _scalar_as_tensor).
+    'put', 'searchsorted', 'isin', 'scatter', 'cross', 'linalg.cross', 'take_along_dim', '__rmod__', 'remainder', 'cdist',
     # embedding bags as lookups and per-bag sums (decompositions/embedding_bags.py).
     'nn.functional.embedding_bag',
     # aten.diagonal lowers as an as_strided view made a gather (passes/as_strided_as_gather.py).

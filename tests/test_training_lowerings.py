@@ -58,11 +58,16 @@ def _assert_training_graphs_on_device() -> None:
         lambda: nn.Conv2d(3, 5, (3, 2), (2, 1), (1, 0), (1, 3), bias=False),
         lambda: nn.Conv3d(6, 4, (3, 1, 3), 1, (1, 0, 1)),  # ConvolutionBackwardModule3DStatic, smaller
         lambda: nn.Conv3d(3, 4, 2, 2, 1, 2),
+        # Ungrouped transposed ones failed the same way, stride 1 included.
+        lambda: nn.ConvTranspose2d(3, 2, 3, stride=2, output_padding=1),  # the usual upsampling layer
+        lambda: nn.ConvTranspose2d(3, 2, 3),
+        lambda: nn.ConvTranspose1d(3, 2, 4, stride=2, output_padding=1),
     ],
     ids=[
         "depthwise", "depthwise-strided", "multiplier", "groups-2", "stride-gt-kernel", "3d",
         "transposed-depthwise", "transposed-grouped",
         "2d-dilated", "2d-dilated-strided", "3d-ungrouped", "3d-strided-dilated",
+        "transposed-upsampling", "transposed-stride-1", "transposed-1d",
     ],
 )
 def test_convolution_backward_torch_mlir_rejects_lowers_by_taps(conv):

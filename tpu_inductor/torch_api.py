@@ -95,8 +95,8 @@ SET_GRAD_ENABLED: Callable[[bool], None] = torch._C._set_grad_enabled
 
 @contextlib.contextmanager
 def above_autograd(kernels: Mapping[torch._ops.OpOverload, Callable]) -> Iterator[None]:
-    """Trace these CompositeImplicitAutograd ops as ``kernels`` say, above
-    autograd, while the block runs.
+    """Trace these CompositeImplicitAutograd ops (or ops PyTorch decomposes
+    at autograd in Python) as ``kernels`` say, above autograd, while the block runs.
 
     A composite op's C++ kernel runs before a decomposition table is
     consulted, so what autograd records is whatever that kernel calls, with
@@ -106,26 +106,33 @@ def above_autograd(kernels: Mapping[torch._ops.OpOverload, Callable]) -> Iterato
     for the block, so that other backends in the process trace as before.
     A kernel that returns ``NotImplemented`` hands the call to the C++ one.
     """
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
     saved = {}
     for op, kernel in kernels.items():
+        # An op PyTorch itself decomposes at autograd (a Python kernel of its
+        # own there, as ``multilabel_margin_loss_forward`` has) is replaced
+        # at that key; a composite op at its composite kernel.
+        key = _AUTOGRAD if _AUTOGRAD in op.py_kernels else _COMPOSITE
 
-        def python_kernel(*args: Any, op=op, kernel=kernel, **kwargs: Any) -> Any:
+        def python_kernel(*args: Any, op=op, kernel=kernel, key=key, **kwargs: Any) -> Any:
             result = kernel(*args, **kwargs)
             return op._op_dk(key, *args, **kwargs) if result is NotImplemented else result
 
-        saved[op] = op.py_kernels.get(key)
+        saved[op] = (key, op.py_kernels.get(key))
         op.py_kernels[key] = python_kernel
         op._dispatch_cache.clear()
     try:
         yield
     finally:
-        for op, previous in saved.items():
+        for op, (key, previous) in saved.items():
             if previous is None:
                 del op.py_kernels[key]
             else:
                 op.py_kernels[key] = previous
             op._dispatch_cache.clear()
+
+
+_AUTOGRAD = torch._C.DispatchKey.Autograd
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
 def operator_schemas(prefix: str) -> list[Any]:

@@ -45,9 +45,9 @@ def _convolution_backward(
 ) -> Gradients:
     """Grouped backwards (any rank) by kernel taps; ungrouped 1-d ones as 2-d.
 
-    torch-mlir lowers the ungrouped, undilated 2-d backward with static shapes (left as
-    it is: that returns ``NotImplemented``; with dynamic ones, 3-d ones or
-    dilated ones it fails to legalize, so those go by taps too) but rejects grouped ones ("operand and result must have
+    torch-mlir lowers the ungrouped, undilated, not transposed 2-d backward with static shapes (left as
+    it is: that returns ``NotImplemented``; with dynamic ones, 3-d ones,
+    dilated or transposed ones it fails to legalize, so those go by taps too) but rejects grouped ones ("operand and result must have
     the same size", or XLA's "input feature dimension ... multiple of
     feature_group_count") and has no 1-d backward at all.
     """
@@ -57,6 +57,9 @@ def _convolution_backward(
     # ``torch.constant.int`` sizes (torch-mlir's e2e
     # ConvolutionBackwardModule3DStatic / 2DDilated), so those go by taps too.
     beyond_torch_mlir = not transposed and (input.dim() > 4 or (input.dim() == 4 and any(d != 1 for d in dilation)))
+    # Every transposed one failed the same way (the usual upsampling layer,
+    # ``nn.ConvTranspose2d(..., stride=2)``, stride 1 and output_padding too).
+    beyond_torch_mlir = beyond_torch_mlir or transposed
     if (groups > 1 or (dynamic and not transposed) or beyond_torch_mlir) and input.dim() >= 3:
         if transposed:
             return _grouped_transposed_backward(

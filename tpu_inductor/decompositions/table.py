@@ -19,10 +19,12 @@ from tpu_inductor.torch_api import pytorch_decomposition
 from tpu_inductor.decompositions.adaptive_pools import ADAPTIVE_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.avg_pool_counts import AVG_POOL_DECOMPOSITIONS
 from tpu_inductor.decompositions.convolution_backward import CONVOLUTION_BACKWARD_DECOMPOSITIONS, window_positions
+from tpu_inductor.decompositions.distances import DISTANCE_DECOMPOSITIONS
 from tpu_inductor.decompositions.embedding_bags import ABOVE_AUTOGRAD_DECOMPOSITIONS, EMBEDDING_BAG_DECOMPOSITIONS
-from tpu_inductor.decompositions.exact_values import EXACT_VALUE_DECOMPOSITIONS
+from tpu_inductor.decompositions.exact_values import ABOVE_AUTOGRAD_EXACT_VALUES, EXACT_VALUE_DECOMPOSITIONS
 from tpu_inductor.decompositions.foreach_ops import FOREACH_DECOMPOSITIONS
 from tpu_inductor.decompositions.grouped_matmul import grouped_matmul_decompositions
+from tpu_inductor.decompositions.lookups import LOOKUP_DECOMPOSITIONS
 from tpu_inductor.decompositions.missing_lowerings import MISSING_LOWERING_DECOMPOSITIONS
 from tpu_inductor.decompositions.module_fast_paths import FAST_PATH_DECOMPOSITIONS
 from tpu_inductor.decompositions.nan_extremes import NAN_EXTREME_DECOMPOSITIONS
@@ -60,18 +62,33 @@ def _python_remainder(a, b):
     return torch.where(differs, r + b, r)
 
 
-def _shift_by_tensor(tensor_op):
-    """``x << 2`` as ``bitwise_left_shift(x, tensor(2))``.
+def _scalar_as_tensor(tensor_op, scalar_first: bool = False):
+    """``x ^ 3`` as ``bitwise_xor(x, tensor(3))``: a Scalar overload as its
+    Tensor overload with the number as a 0-d tensor.
 
     torch-mlir's StableHLO lowering rejects the Scalar overloads of the shift
-    operators (it cannot legalize the ``torch.constant.int`` operand) but
-    lowers the Tensor overloads; a 0-d shift amount is the same computation.
+    and bitwise operators, ``fmod`` and ``copysign`` (it cannot legalize the
+    ``torch.constant.int``/``float`` operand; the op then ran in eager after a
+    failed lowering and a warning) but lowers their Tensor overloads. The 0-d
+    tensor has the dtype eager's promotion gives the pair, so the result's
+    dtype is eager's (``int_tensor % 2.5`` is float32).
     """
 
-    def shift(a, amount):
-        return tensor_op(a, torch.scalar_tensor(amount, dtype=a.dtype))
+    def with_tensor(*operands):
+        tensor, number = operands[::-1] if scalar_first else operands
+        scalar = torch.scalar_tensor(number, dtype=torch.result_type(tensor, number))
+        return tensor_op(scalar, tensor) if scalar_first else tensor_op(tensor, scalar)
 
-    return shift
+    return with_tensor
+
+
+def _copysign_by_tensor(a, sign):
+    """``copysign(x, 2)`` through its Tensor overload (as :func:`_scalar_as_tensor`),
+    in the float dtype eager computes it in: an int or bool ``x`` gives a float
+    result, and torch-mlir cannot take the ``abs`` of a bool."""
+    dtype = torch.result_type(a, sign)
+    dtype = dtype if dtype.is_floating_point else torch.get_default_dtype()
+    return aten.copysign.Tensor(a.to(dtype), torch.scalar_tensor(sign, dtype=dtype))
 
 
 def _broadcast_shift(tensor_op):
@@ -302,10 +319,21 @@ _OURS: dict = {
     aten.remainder.Scalar_Tensor: lambda a, b: _python_remainder(
         torch.full((), a, dtype=torch.result_type(a, b)), b
     ),
-    aten.__lshift__.Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
-    aten.__rshift__.Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
-    aten.bitwise_left_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_left_shift.Tensor),
-    aten.bitwise_right_shift.Tensor_Scalar: _shift_by_tensor(aten.bitwise_right_shift.Tensor),
+    aten.__lshift__.Scalar: _scalar_as_tensor(aten.bitwise_left_shift.Tensor),
+    aten.__rshift__.Scalar: _scalar_as_tensor(aten.bitwise_right_shift.Tensor),
+    aten.bitwise_left_shift.Tensor_Scalar: _scalar_as_tensor(aten.bitwise_left_shift.Tensor),
+    aten.bitwise_right_shift.Tensor_Scalar: _scalar_as_tensor(aten.bitwise_right_shift.Tensor),
+    aten.bitwise_left_shift.Scalar_Tensor: _scalar_as_tensor(aten.bitwise_left_shift.Tensor, scalar_first=True),
+    aten.bitwise_right_shift.Scalar_Tensor: _scalar_as_tensor(aten.bitwise_right_shift.Tensor, scalar_first=True),
+    **{
+        getattr(aten, op).Scalar: _scalar_as_tensor(getattr(aten, op).Tensor)
+        for op in ("bitwise_and", "bitwise_or", "bitwise_xor", "fmod")
+    },
+    aten.copysign.Scalar: _copysign_by_tensor,
+    **{
+        getattr(aten, op).Scalar_Tensor: _scalar_as_tensor(getattr(aten, op).Tensor, scalar_first=True)
+        for op in ("bitwise_and", "bitwise_or", "bitwise_xor")
+    },
     aten.clamp.Tensor: _broadcast_clamp,
     aten.bitwise_left_shift.Tensor: _broadcast_shift(aten.bitwise_left_shift.Tensor),
     aten.bitwise_right_shift.Tensor: _broadcast_shift(aten.bitwise_right_shift.Tensor),
@@ -394,7 +422,8 @@ def above_autograd_decompositions(keep_embedding_bags: bool = False) -> dict[tor
     backward is that of the ops they become (``torch_api.above_autograd``):
     a table entry for such an op is never consulted, since its C++ kernel
     runs first. ``keep_embedding_bags``: see :func:`decomposition_table`."""
-    return {} if keep_embedding_bags else ABOVE_AUTOGRAD_DECOMPOSITIONS
+    kept = {**DISTANCE_DECOMPOSITIONS, **ABOVE_AUTOGRAD_EXACT_VALUES}
+    return kept if keep_embedding_bags else {**ABOVE_AUTOGRAD_DECOMPOSITIONS, **kept}
 
 
 def decomposition_table(
@@ -431,6 +460,7 @@ def _table(
     table.update(POOLING_BACKWARD_DECOMPOSITIONS)
     table.update(AVG_POOL_DECOMPOSITIONS)
     table.update(MISSING_LOWERING_DECOMPOSITIONS)
+    table.update(LOOKUP_DECOMPOSITIONS)
     table.update(FOREACH_DECOMPOSITIONS)
     table.update(EMBEDDING_BAG_DECOMPOSITIONS)
     table.update(ADAPTIVE_POOL_DECOMPOSITIONS)
