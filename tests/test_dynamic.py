@@ -124,14 +124,34 @@ def test_analysis_proves_position_preserving_dims_safe(fn, inputs, safe):
         (lambda x: x[::2] * 2, (torch.randn(5, 7),), (0, 0), "slices it"),
         (lambda x: F.pad(x, (0, 0, 0, 1)) * 2, (torch.randn(5, 7),), (0, 0), "no padding rule"),
         (lambda x: torch.cat([x.view(-1), x.view(-1)]) * 2, (torch.randn(5, 7),), (0, 0), "merge"),
+        # Index values count real positions of the flattened rows: only the outer dim may pad.
+        (lambda x, i: x.flatten()[i] * 2, (torch.randn(5, 7), torch.tensor([8, 0])), (0, 1), "by data indices"),
+        (lambda x, i: x.flatten().index_put((i,), torch.ones(2)).view(x.shape),
+         (torch.randn(5, 7), torch.tensor([8, 0])), (0, 1), "by data indices"),
     ],
     ids=["sum", "mean", "softmax", "layer_norm", "matmul-k", "flip", "sort", "strided-slice",
-         "pad-at-end", "cat-of-merged-dims"],
+         "pad-at-end", "cat-of-merged-dims", "gather-from-flattened", "write-into-flattened"],
 )
 def test_analysis_rejects_dims_where_positions_mix(fn, inputs, key, reason):
     found = verdicts(fn, *inputs)
     assert found[key] != "safe"
     assert reason in found[key], found[key]
+
+
+def test_flattened_rows_indexed_by_data_match_eager_at_every_size():
+    """``dynamic=True`` padded the inner dim of ``x.flatten()[i]`` (3 -> 4):
+    flat position 4 read the value at 3, and 3 read padding (before the fix:
+    ``[3., 0., 0.]`` against eager's ``[4., 3., 0.]``)."""
+
+    def gather_and_write(x, i):
+        return x.flatten()[i], x.flatten().index_put((i,), torch.full(i.shape, -1.0)).view(x.shape)
+
+    compiled = torch.compile(gather_and_write, backend="tpu", dynamic=True, options={"cache": False})
+    for rows, columns in ((5, 3), (6, 3), (5, 7), (9, 5)):
+        x = torch.arange(float(rows * columns)).view(rows, columns)
+        i = torch.tensor([4, 3, 0, rows * columns - 1])
+        for got, expected in zip(compiled(x, i), gather_and_write(x, i)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 class _PositionEmbedding(torch.nn.Module):

@@ -166,6 +166,18 @@ def _check_attention_mask(a: _Analyzer, mask: Optional[Layout], q: Layout, k: La
             a.mark(_sym_syms(have) | _sym_syms(want), "masks attention along a differently laid out dim")
 
 
+def _mark_merged_inner_factors(a: _Analyzer, source: Layout, indices: Sequence[Any]) -> None:
+    """A dim addressed by data indices and merged from several (a flattened
+    ``[s0, s1]``): the index values count positions in the real ``s1``-wide
+    rows, so only the outermost factor may be padded (its padded rows come
+    after every real position); padding an inner one moves every real
+    position after the first row (``x.flatten()[i]`` with ``s1`` 3 -> 4 read
+    flat position 4 at 3)."""
+    for k, index in enumerate(indices):
+        if index is not None and k < len(source) and len(source[k]) > 1:
+            a.mark(_free(source[k][1:]), "addresses positions of a dim merged from it by data indices")
+
+
 def _index_rows(a: _Analyzer, node: torch.fx.Node, indices: Sequence[Any]) -> Optional[Layout]:
     """The broadcast layout of advanced-indexing tensors (None for a boolean
     mask or an index without a layout)."""
@@ -190,6 +202,7 @@ def _rule_index(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple[str
     if rows is None:
         a._unknown(node)
         return ()
+    _mark_merged_inner_factors(a, source, indices)
     positions = [k for k, i in enumerate(indices) if i is not None]
     others = [d for k, d in enumerate(source) if k not in positions]
     if positions == list(range(positions[0], positions[-1] + 1)):  # adjacent: rows go in their place
@@ -215,6 +228,7 @@ def _rule_index_put(a: _Analyzer, node: torch.fx.Node, target) -> Optional[tuple
         a._unknown(node)
         return ()
     indices = list(node.args[1])
+    _mark_merged_inner_factors(a, source, indices)
     single = index_put_rows(node)
     if single is None:
         rows = _index_rows(a, node, indices)
