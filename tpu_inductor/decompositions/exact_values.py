@@ -237,13 +237,18 @@ def _multilabel_margin_loss_forward(input, target, reduction: int):
     # margins[j, batch, i] for target j against class i
     margins = (1.0 - target_score.T.unsqueeze(-1) + input).clamp_min(0) / classes
     margins = torch.where(is_target | ~listed.T.unsqueeze(-1), 0, margins)
-    if reduction == 1:  # mean
-        loss = margins.sum(dim=(0, -1)).mean()
-    elif reduction == 2:  # sum
-        loss = margins.sum()
+    per_sample = margins.sum(dim=(0, -1))
+    if reduction == _MEAN:
+        loss = per_sample.mean()
+    elif reduction == _SUM:
+        loss = per_sample.sum()
     else:
-        loss = margins.sum(dim=(0, -1)).reshape(shape[:-1]) if len(shape) > 1 else margins.sum(dim=(0, -1))[0]
+        loss = per_sample.reshape(shape[:-1])  # a 1-d input's loss is 0-d, as eager's
     return loss, is_target.to(input.dtype).reshape(shape)
+
+
+_MEAN, _SUM = 1, 2
+"""ATen's ``reduction`` codes (``at::Reduction``); 0 is none."""
 
 
 ABOVE_AUTOGRAD_EXACT_VALUES: dict = {aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward}

@@ -418,12 +418,14 @@ def _unless_kept_whole(op: torch._ops.OpOverload, decomposition: Callable) -> Ca
 
 
 def above_autograd_decompositions(keep_embedding_bags: bool = False) -> dict[torch._ops.OperatorBase, Callable]:
-    """Composite ops decomposed before autograd records them, so that their
-    backward is that of the ops they become (``torch_api.above_autograd``):
-    a table entry for such an op is never consulted, since its C++ kernel
-    runs first. ``keep_embedding_bags``: see :func:`decomposition_table`."""
-    kept = {**DISTANCE_DECOMPOSITIONS, **ABOVE_AUTOGRAD_EXACT_VALUES}
-    return kept if keep_embedding_bags else {**ABOVE_AUTOGRAD_DECOMPOSITIONS, **kept}
+    """Ops decomposed before autograd records them, so that their backward is
+    that of the ops they become (``torch_api.above_autograd``): a table entry
+    for such an op is never consulted, since its C++ composite kernel
+    (embedding bags, ``cdist``) or PyTorch's own Python kernel at autograd
+    (``multilabel_margin_loss_forward``) runs first.
+    ``keep_embedding_bags``: see :func:`decomposition_table`."""
+    always = {**DISTANCE_DECOMPOSITIONS, **ABOVE_AUTOGRAD_EXACT_VALUES}
+    return always if keep_embedding_bags else {**ABOVE_AUTOGRAD_DECOMPOSITIONS, **always}
 
 
 def decomposition_table(
