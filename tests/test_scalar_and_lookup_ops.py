@@ -37,6 +37,7 @@ SCALAR_FORMS = {
     "number & tensor": (lambda a: aten.bitwise_and.Scalar_Tensor(5, a), INTS),
     "number << tensor": (lambda a: aten.bitwise_left_shift.Scalar_Tensor(3, a.abs() % 8), INTS),
     "number >> tensor": (lambda a: aten.bitwise_right_shift.Scalar_Tensor(-100, a.abs() % 8), INTS),
+    "number % tensor": (lambda a: aten.remainder.Scalar_Tensor(-2.5, a), FLOATS),
     "fmod int by negative int": (lambda a: torch.fmod(a, -3), INTS),
     "fmod int by float": (lambda a: torch.fmod(a, 2.5), INTS),
     "fmod float": (lambda a: torch.fmod(a, 0.7), FLOATS),

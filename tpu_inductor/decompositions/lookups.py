@@ -65,13 +65,13 @@ def _searchsorted_scalar(sorted_sequence: torch.Tensor, value, **kwargs):
 _REDUCTIONS = {"add": "sum", "multiply": "prod"}
 
 
-def _scatter_value_with_reduce(self: torch.Tensor, dim: int, index: torch.Tensor, value, reduce: str):
-    source = torch.full(index.shape, value, dtype=self.dtype, device=self.device)
-    return aten.scatter_reduce.two(self, dim, index, source, _REDUCTIONS[reduce], include_self=True)
-
-
 def _scatter_src_with_reduce(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str):
     return aten.scatter_reduce.two(self, dim, index, src, _REDUCTIONS[reduce], include_self=True)
+
+
+def _scatter_value_with_reduce(self: torch.Tensor, dim: int, index: torch.Tensor, value, reduce: str):
+    source = torch.full(index.shape, value, dtype=self.dtype, device=self.device)
+    return _scatter_src_with_reduce(self, dim, index, source, reduce)
 
 
 def _embedding_renorm_by_index_put(self: torch.Tensor, indices: torch.Tensor, max_norm: float, norm_type: float):

@@ -316,9 +316,7 @@ def _histc_by_scatter_add(x, bins: int = 100, min=0, max=0):
 _OURS: dict = {
     aten.remainder.Tensor: _python_remainder,
     aten.remainder.Scalar: _python_remainder,
-    aten.remainder.Scalar_Tensor: lambda a, b: _python_remainder(
-        torch.full((), a, dtype=torch.result_type(a, b)), b
-    ),
+    aten.remainder.Scalar_Tensor: _scalar_as_tensor(aten.remainder.Tensor, scalar_first=True),
     aten.__lshift__.Scalar: _scalar_as_tensor(aten.bitwise_left_shift.Tensor),
     aten.__rshift__.Scalar: _scalar_as_tensor(aten.bitwise_right_shift.Tensor),
     aten.bitwise_left_shift.Tensor_Scalar: _scalar_as_tensor(aten.bitwise_left_shift.Tensor),
